@@ -1,0 +1,4 @@
+fn main() {
+    eprintln!("vantage: not yet implemented");
+    std::process::exit(1);
+}
