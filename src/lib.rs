@@ -15,5 +15,6 @@
 //! - [`throwaway`]: a disposable local PostgreSQL for the demo and the tests.
 
 pub mod config;
+pub mod pipeline;
 pub mod store;
 pub mod throwaway;

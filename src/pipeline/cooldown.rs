@@ -1,0 +1,1 @@
+//! Cooldown cache.
