@@ -14,7 +14,11 @@
 //! - [`config`]: settings, defaults < file < environment < flags;
 //! - [`throwaway`]: a disposable local PostgreSQL for the demo and the tests.
 
+pub mod cli;
 pub mod config;
+pub mod daemon;
+pub mod perspective;
 pub mod pipeline;
 pub mod store;
+pub mod telemetry;
 pub mod throwaway;

@@ -1,4 +1,18 @@
+//! The `vantage` binary: parse the command line, run it, exit with its code.
+
+use clap::Parser;
+
 fn main() {
-    eprintln!("vantage: not yet implemented");
-    std::process::exit(1);
+    let cli = vantage::cli::Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("vantage: cannot start the async runtime: {e}");
+            std::process::exit(vantage::cli::exit::FAILURE);
+        }
+    };
+    let code = runtime.block_on(vantage::cli::run(cli));
+    // Do not wait for lingering blocking tasks (e.g. a stdin reader) once the command is done.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    std::process::exit(code);
 }

@@ -1,1 +1,434 @@
-//! Cooldown cache.
+//! Cooldown cache (seed: `RecentlyProcessedEventCache`, SPEC §1.3).
+//!
+//! Remembers the `event_work_id`s applied recently so that a row claimed again before its
+//! completion became visible (completion lost, or still in flight) is completed without being
+//! re-applied. It is an optimisation, not a correctness primitive: SQL perspectives get
+//! exactly-once from applying and completing in one transaction.
+//!
+//! Keyed by work id, which is per (event, perspective), so marking one perspective never cools
+//! another. Entries expire after `ttl` (lazily on lookup, and by [`CooldownCache::sweep`]); when
+//! the cache is full the oldest tenth is evicted.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+/// A source of monotonic time, injected so tests can move time by hand.
+pub trait Clock: Send + Sync {
+    /// The current instant; must never go backwards.
+    fn now(&self) -> Instant;
+}
+
+/// The real monotonic clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// Lets one clock be shared between a cache and the test that drives it.
+impl<C: Clock + ?Sized> Clock for Arc<C> {
+    fn now(&self) -> Instant {
+        (**self).now()
+    }
+}
+
+/// A clock that only moves when told to, for tests.
+#[derive(Debug)]
+pub struct ManualClock {
+    start: Instant,
+    offset_nanos: AtomicU64,
+}
+
+impl ManualClock {
+    /// A clock frozen at the current instant.
+    pub fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            offset_nanos: AtomicU64::new(0),
+        }
+    }
+
+    /// Moves the clock forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        self.offset_nanos
+            .fetch_add(saturating_nanos(by), Ordering::SeqCst);
+    }
+}
+
+impl Default for ManualClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Instant {
+        self.start + Duration::from_nanos(self.offset_nanos.load(Ordering::SeqCst))
+    }
+}
+
+/// The recently-applied work ids, bounded in time (`ttl`) and size (`max_entries`).
+///
+/// Thread-safe behind one mutex: it is touched once per event, briefly, and every operation is
+/// O(1) amortised. An entry costs about 50 bytes (a 24-byte map slot, a 24-byte queue slot), so
+/// 100 000 entries stay well under 10 MiB.
+pub struct CooldownCache<C: Clock = SystemClock> {
+    ttl_nanos: u64,
+    max_entries: usize,
+    clock: C,
+    /// Times are nanoseconds since `epoch` (u64, not `Instant`): 8 bytes instead of 16 per
+    /// copy, and 584 years of range.
+    epoch: Instant,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Work id → time of its latest mark. The source of truth for membership.
+    marked_at: HashMap<Uuid, u64>,
+    /// Marks in time order, oldest first. A re-mark pushes a new pair and leaves the old one
+    /// behind; a pair whose time differs from `marked_at` is stale and skipped when popped.
+    order: VecDeque<(Uuid, u64)>,
+}
+
+impl Inner {
+    /// Whether the queue pair `(id, at)` is still the live mark of `id`.
+    fn is_live(&self, id: &Uuid, at: u64) -> bool {
+        self.marked_at.get(id) == Some(&at)
+    }
+
+    /// Drops expired marks from the front of the queue (and stale pairs on the way).
+    fn pop_expired(&mut self, now: u64, ttl: u64) -> usize {
+        let mut removed = 0;
+        while let Some(&(id, at)) = self.order.front() {
+            if self.is_live(&id, at) {
+                if now.saturating_sub(at) < ttl {
+                    break;
+                }
+                self.marked_at.remove(&id);
+                removed += 1;
+            }
+            self.order.pop_front();
+        }
+        removed
+    }
+
+    /// Evicts the `n` oldest live marks.
+    fn evict_oldest(&mut self, n: usize) {
+        let mut evicted = 0;
+        while evicted < n {
+            let Some((id, at)) = self.order.pop_front() else {
+                break;
+            };
+            if self.is_live(&id, at) {
+                self.marked_at.remove(&id);
+                evicted += 1;
+            }
+        }
+    }
+
+    /// Rebuilds the queue without stale pairs once they outnumber live ones, so re-marks and
+    /// lazy removals cannot grow it without bound. Amortised O(1): it runs only after as many
+    /// stale pairs as live entries have piled up.
+    fn compact_if_bloated(&mut self) {
+        if self.order.len() > 2 * self.marked_at.len() + 64 {
+            let marked_at = &self.marked_at;
+            self.order
+                .retain(|(id, at)| marked_at.get(id) == Some(at));
+        }
+    }
+}
+
+impl CooldownCache {
+    /// A cache on the system clock. `max_entries == 0` makes it remember nothing.
+    pub fn new(ttl: Duration, max_entries: usize) -> Self {
+        Self::with_clock(ttl, max_entries, SystemClock)
+    }
+}
+
+impl<C: Clock> CooldownCache<C> {
+    /// A cache on the given clock.
+    pub fn with_clock(ttl: Duration, max_entries: usize, clock: C) -> Self {
+        let epoch = clock.now();
+        Self {
+            ttl_nanos: saturating_nanos(ttl),
+            max_entries,
+            clock,
+            epoch,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    /// Records that `work_id` was just applied (call right after a successful apply, before
+    /// the completion is written). Re-marking refreshes the entry's time.
+    ///
+    /// When the cache is full, expired entries go first; if that frees nothing, the oldest
+    /// tenth (at least one) is evicted.
+    pub fn mark(&self, work_id: Uuid) {
+        if self.max_entries == 0 {
+            return;
+        }
+        let now = self.now();
+        let mut inner = self.lock();
+        if inner.marked_at.insert(work_id, now).is_none()
+            && inner.marked_at.len() > self.max_entries
+        {
+            // Over by one: make room among the entries other than the one just inserted (it is
+            // the newest, so it is never at the front of the queue).
+            inner.pop_expired(now, self.ttl_nanos);
+            if inner.marked_at.len() > self.max_entries {
+                inner.evict_oldest((self.max_entries / 10).max(1));
+            }
+        }
+        inner.order.push_back((work_id, now));
+        inner.compact_if_bloated();
+    }
+
+    /// Whether `work_id` was marked less than `ttl` ago. An expired entry is removed here and
+    /// reports `false`.
+    pub fn is_cooled(&self, work_id: Uuid) -> bool {
+        let now = self.now();
+        let mut inner = self.lock();
+        match inner.marked_at.get(&work_id) {
+            Some(&at) if now.saturating_sub(at) < self.ttl_nanos => true,
+            Some(_) => {
+                // Its queue pair turns stale and is skipped later.
+                inner.marked_at.remove(&work_id);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Removes every expired entry; returns how many. Run periodically so an idle daemon
+    /// releases the memory of entries nobody looks up again.
+    pub fn sweep(&self) -> usize {
+        let now = self.now();
+        let mut inner = self.lock();
+        let removed = inner.pop_expired(now, self.ttl_nanos);
+        inner.compact_if_bloated();
+        removed
+    }
+
+    /// Number of entries, expired ones not yet removed included.
+    pub fn len(&self) -> usize {
+        self.lock().marked_at.len()
+    }
+
+    /// Whether the cache holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn now(&self) -> u64 {
+        saturating_nanos(self.clock.now().saturating_duration_since(self.epoch))
+    }
+
+    /// A panic while the lock was held cannot leave the maps inconsistent in a way that
+    /// matters (worst case a stale queue pair), so a poisoned lock is used as is rather than
+    /// spreading the panic to every consumer.
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl<C: Clock> fmt::Debug for CooldownCache<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CooldownCache")
+            .field("ttl", &Duration::from_nanos(self.ttl_nanos))
+            .field("max_entries", &self.max_entries)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+fn saturating_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(300);
+
+    fn cache(max_entries: usize) -> (Arc<ManualClock>, CooldownCache<Arc<ManualClock>>) {
+        let clock = Arc::new(ManualClock::new());
+        let cache = CooldownCache::with_clock(TTL, max_entries, Arc::clone(&clock));
+        (clock, cache)
+    }
+
+    fn ids(n: usize) -> Vec<Uuid> {
+        (0..n).map(|_| Uuid::new_v4()).collect()
+    }
+
+    #[test]
+    fn marked_is_cooled_until_ttl() {
+        let (clock, cache) = cache(10);
+        let id = Uuid::new_v4();
+        assert!(!cache.is_cooled(id));
+        cache.mark(id);
+        assert!(cache.is_cooled(id));
+        clock.advance(TTL - Duration::from_nanos(1));
+        assert!(cache.is_cooled(id));
+        clock.advance(Duration::from_nanos(1));
+        assert!(!cache.is_cooled(id));
+        // Lazy expiry removed it.
+        assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn different_work_ids_are_independent() {
+        // Two perspectives' rows of one event have different work ids.
+        let (_clock, cache) = cache(10);
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        cache.mark(a);
+        assert!(cache.is_cooled(a));
+        assert!(!cache.is_cooled(b));
+    }
+
+    #[test]
+    fn overflow_evicts_the_oldest_tenth_and_keeps_the_newest() {
+        let (clock, cache) = cache(100);
+        let ids = ids(101);
+        for id in &ids[..100] {
+            cache.mark(*id);
+            clock.advance(Duration::from_millis(1));
+        }
+        assert_eq!(cache.len(), 100);
+        cache.mark(ids[100]);
+        assert_eq!(cache.len(), 91);
+        for id in &ids[..10] {
+            assert!(!cache.is_cooled(*id));
+        }
+        for id in &ids[10..] {
+            assert!(cache.is_cooled(*id));
+        }
+    }
+
+    #[test]
+    fn overflow_evicts_at_least_one() {
+        let (_clock, cache) = cache(3);
+        let ids = ids(4);
+        for id in &ids {
+            cache.mark(*id);
+        }
+        assert_eq!(cache.len(), 3);
+        assert!(!cache.is_cooled(ids[0]));
+        assert!(ids[1..].iter().all(|id| cache.is_cooled(*id)));
+    }
+
+    #[test]
+    fn overflow_drops_expired_entries_before_live_ones() {
+        let (clock, cache) = cache(10);
+        let old = ids(5);
+        let fresh = ids(6);
+        for id in &old {
+            cache.mark(*id);
+        }
+        clock.advance(TTL);
+        for id in &fresh {
+            cache.mark(*id);
+        }
+        // 11 > 10: the 5 expired ones went, no live one was evicted.
+        assert_eq!(cache.len(), 6);
+        assert!(fresh.iter().all(|id| cache.is_cooled(*id)));
+    }
+
+    #[test]
+    fn sweep_removes_only_expired() {
+        let (clock, cache) = cache(10);
+        let (old, young) = (Uuid::new_v4(), Uuid::new_v4());
+        cache.mark(old);
+        clock.advance(TTL / 2);
+        cache.mark(young);
+        clock.advance(TTL / 2);
+        assert_eq!(cache.sweep(), 1);
+        assert_eq!(cache.len(), 1);
+        assert!(cache.is_cooled(young));
+        assert_eq!(cache.sweep(), 0);
+        clock.advance(TTL);
+        assert_eq!(cache.sweep(), 1);
+        assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn re_mark_refreshes_the_entry() {
+        let (clock, cache) = cache(10);
+        let id = Uuid::new_v4();
+        cache.mark(id);
+        clock.advance(TTL / 2);
+        cache.mark(id);
+        assert_eq!(cache.len(), 1);
+        clock.advance(TTL / 2);
+        // Past the first mark's ttl, within the second's.
+        assert_eq!(cache.sweep(), 0);
+        assert!(cache.is_cooled(id));
+        clock.advance(TTL / 2);
+        assert!(!cache.is_cooled(id));
+    }
+
+    #[test]
+    fn re_mark_moves_the_entry_to_the_back_of_the_eviction_order() {
+        let (clock, cache) = cache(10);
+        let ids = ids(11);
+        for id in &ids[..10] {
+            cache.mark(*id);
+            clock.advance(Duration::from_millis(1));
+        }
+        cache.mark(ids[0]);
+        cache.mark(ids[10]);
+        // ids[1] is now the oldest.
+        assert!(cache.is_cooled(ids[0]));
+        assert!(!cache.is_cooled(ids[1]));
+        assert_eq!(cache.len(), 10);
+    }
+
+    #[test]
+    fn repeated_re_marks_do_not_grow_the_queue() {
+        let (_clock, cache) = cache(10);
+        let id = Uuid::new_v4();
+        for _ in 0..10_000 {
+            cache.mark(id);
+        }
+        assert_eq!(cache.len(), 1);
+        assert!(cache.lock().order.len() <= 2 + 64 + 1);
+    }
+
+    #[test]
+    fn zero_capacity_remembers_nothing() {
+        let (_clock, cache) = cache(0);
+        let id = Uuid::new_v4();
+        cache.mark(id);
+        assert!(!cache.is_cooled(id));
+        assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn shared_across_threads() {
+        let cache = Arc::new(CooldownCache::new(TTL, 100_000));
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let cache = Arc::clone(&cache);
+                std::thread::spawn(move || {
+                    for id in ids(1_000) {
+                        cache.mark(id);
+                        assert!(cache.is_cooled(id));
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(cache.len(), 4_000);
+    }
+}

@@ -2,3 +2,4 @@
 
 pub mod backoff;
 pub mod cooldown;
+pub mod envelope;

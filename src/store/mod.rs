@@ -1,1 +1,367 @@
-//! Storage.
+//! Storage: every SQL statement vantage issues lives under this module.
+//!
+//! The pipeline, the CLI and the background loops call typed methods on [`Store`]; none of
+//! them builds SQL. The schema (`database.schema`) is selected with the connection's
+//! `search_path` startup option, so the same statements serve any schema name.
+
+mod claims;
+mod dead_letters;
+mod events;
+mod instances;
+mod status;
+
+pub use claims::{complete_in, ClaimedHead, WorkRow};
+pub use dead_letters::{
+    resolve_dead_letter_in, DeadLetter, DeadLetterStatus, HistoryEntry, MoveOutcome, FAILURE_MAX_ATTEMPTS,
+    FAILURE_PERMANENT, SOURCE_TABLE,
+};
+pub use events::{append_events_in, AppendedEvent, NewEvent, PerspectiveRecord, StoredEvent};
+pub use instances::{InstanceInfo, LiveInstance};
+pub use status::{PerspectiveStatus, StoreGauges};
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use uuid::Uuid;
+
+/// The migrations of this binary, embedded at build time.
+pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// The channel producers notify (in the same transaction as the append) when work is added.
+pub const WORK_CHANNEL: &str = "vantage_work";
+
+/// Identifies one daemon process: the lease holder of the rows it claims.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InstanceId(pub Uuid);
+
+impl InstanceId {
+    /// A fresh random instance id.
+    pub fn new() -> Self {
+        InstanceId(Uuid::new_v4())
+    }
+}
+
+impl Default for InstanceId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for InstanceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Errors of the storage layer. Messages never contain the database password.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be reached before `database.connect_timeout` ran out.
+    #[error("database unreachable at {target} after {waited:?}: {reason}")]
+    Unreachable {
+        /// `host:port` (never the password).
+        target: String,
+        /// How long we kept trying.
+        waited: Duration,
+        /// The last connection error.
+        reason: String,
+    },
+    /// The connection string could not be parsed.
+    #[error("invalid database url: {0}")]
+    InvalidUrl(String),
+    /// The database holds migrations this binary does not know: it is newer than we are.
+    #[error("the database schema is newer than this binary (it has migration {0}, which this build does not know); upgrade vantage")]
+    SchemaNewer(i64),
+    /// The schema has migrations still to apply.
+    #[error("the database schema is not migrated (pending migration {0}); run `vantage migrate`")]
+    SchemaBehind(i64),
+    /// A migration failed.
+    #[error("migration failed: {0}")]
+    Migrate(#[from] MigrateError),
+    /// An optimistic-concurrency check failed (SQLSTATE 40001), e.g. an append's expected version.
+    #[error("{0}")]
+    Conflict(String),
+    /// Any other database error.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl StoreError {
+    /// True for errors that mean "the database is not there right now" (retry later).
+    pub fn is_connection_error(&self) -> bool {
+        match self {
+            StoreError::Unreachable { .. } => true,
+            StoreError::Database(e) => is_connection_error(e),
+            _ => false,
+        }
+    }
+}
+
+/// True for sqlx errors caused by a lost or refused connection rather than by the statement.
+pub fn is_connection_error(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Database(db) => {
+            // 08xxx connection exceptions, 57P01-03 admin/crash shutdown, cannot connect now.
+            db.code()
+                .map(|c| c.starts_with("08") || c.starts_with("57P"))
+                .unwrap_or(false)
+        }
+        _ => false,
+    }
+}
+
+fn map_db_error(e: sqlx::Error) -> StoreError {
+    if let sqlx::Error::Database(db) = &e {
+        if db.code().as_deref() == Some("40001") {
+            return StoreError::Conflict(db.message().to_string());
+        }
+    }
+    StoreError::Database(e)
+}
+
+/// How to reach the database.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// A `postgres://` url; `None` uses libpq's `PG*` environment variables.
+    pub url: Option<String>,
+    /// The schema holding every vantage object.
+    pub schema: String,
+    /// Pool size.
+    pub max_connections: u32,
+    /// How long to keep retrying the first connection before giving up.
+    pub connect_timeout: Duration,
+}
+
+impl StoreOptions {
+    /// Options for `url` with the default schema and pool size.
+    pub fn for_url(url: impl Into<String>) -> Self {
+        StoreOptions {
+            url: Some(url.into()),
+            schema: "vantage".into(),
+            max_connections: 10,
+            connect_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// Options from the `[database]` settings.
+    pub fn from_settings(db: &crate::config::DatabaseSettings) -> Self {
+        StoreOptions {
+            url: db.url.as_ref().map(|u| u.expose().to_string()),
+            schema: db.schema.clone(),
+            max_connections: db.max_connections,
+            connect_timeout: db.connect_timeout,
+        }
+    }
+
+    /// The connection options, with `search_path` set to the schema.
+    pub fn connect_options(&self) -> Result<PgConnectOptions, StoreError> {
+        let base = match &self.url {
+            Some(url) => PgConnectOptions::from_str(url)
+                .map_err(|e| StoreError::InvalidUrl(redact_error(&e.to_string(), url)))?,
+            None => PgConnectOptions::new(),
+        };
+        Ok(base
+            .application_name("vantage")
+            .options([("search_path", self.schema.as_str())]))
+    }
+
+    /// `host:port` of the target, for messages (never the password).
+    pub fn target(&self) -> String {
+        match self.connect_options() {
+            Ok(o) => format!("{}:{}", o.get_host(), o.get_port()),
+            Err(_) => "<invalid url>".into(),
+        }
+    }
+}
+
+fn redact_error(message: &str, url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(u) => match u.password() {
+            Some(p) if !p.is_empty() => message.replace(p, "***"),
+            _ => message.to_string(),
+        },
+        Err(_) => message.to_string(),
+    }
+}
+
+/// A migration this call applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppliedMigration {
+    /// Version number (the file name prefix).
+    pub version: i64,
+    /// Description (the rest of the file name).
+    pub description: String,
+}
+
+/// The handle every component uses to talk to the database.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: PgPool,
+    schema: String,
+    target: String,
+}
+
+impl Store {
+    /// Connects, retrying with backoff until `connect_timeout` has passed.
+    pub async fn connect(opts: &StoreOptions) -> Result<Store, StoreError> {
+        let connect = opts.connect_options()?;
+        let target = opts.target();
+        let started = Instant::now();
+        let mut delay = Duration::from_millis(100);
+        loop {
+            let pool = PgPoolOptions::new()
+                .max_connections(opts.max_connections.max(1))
+                .min_connections(0)
+                .acquire_timeout(Duration::from_secs(10).min(opts.connect_timeout.max(Duration::from_secs(1))))
+                .connect_with(connect.clone())
+                .await;
+            match pool {
+                Ok(pool) => {
+                    return Ok(Store {
+                        pool,
+                        schema: opts.schema.clone(),
+                        target,
+                    })
+                }
+                Err(e) if is_connection_error(&e) || matches!(e, sqlx::Error::Database(_)) => {
+                    let waited = started.elapsed();
+                    let reason = redact_error(&e.to_string(), opts.url.as_deref().unwrap_or(""));
+                    // Authentication or missing database will not fix itself; refusal might.
+                    let retryable = is_connection_error(&e);
+                    if !retryable || waited + delay > opts.connect_timeout {
+                        return Err(StoreError::Unreachable {
+                            target,
+                            waited,
+                            reason,
+                        });
+                    }
+                    tracing::warn!(target = %target, error = %reason, retry_in = ?delay,
+                        "database not reachable yet; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => {
+                    return Err(StoreError::Unreachable {
+                        target,
+                        waited: started.elapsed(),
+                        reason: redact_error(&e.to_string(), opts.url.as_deref().unwrap_or("")),
+                    })
+                }
+            }
+        }
+    }
+
+    /// The connection pool (its connections have `search_path` set to the schema).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The schema holding vantage's objects.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// `host:port` of the database, for messages.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// Creates the schema if needed and applies pending migrations; returns what it applied.
+    /// Idempotent. Fails with [`StoreError::SchemaNewer`] if the database is ahead of this binary.
+    pub async fn migrate(&self) -> Result<Vec<AppliedMigration>, StoreError> {
+        // The schema name is validated by configuration as a plain identifier; quote it anyway.
+        let create = format!(
+            "CREATE SCHEMA IF NOT EXISTS \"{}\"",
+            self.schema.replace('"', "\"\"")
+        );
+        sqlx::query(&create).execute(&self.pool).await?;
+
+        let before = self.applied_versions().await?;
+        match MIGRATOR.run(&self.pool).await {
+            Ok(()) => {}
+            Err(MigrateError::VersionMissing(v)) => return Err(StoreError::SchemaNewer(v)),
+            Err(e) => return Err(e.into()),
+        }
+        // Functions resolve table names through search_path; pin it to our schema so a producer
+        // whose session uses another search_path (a plain INSERT firing the fan-out trigger, a
+        // call of schema.append_events) still reaches our tables.
+        sqlx::query(PIN_SEARCH_PATH).execute(&self.pool).await?;
+
+        Ok(MIGRATOR
+            .iter()
+            .filter(|m| m.migration_type.is_up_migration() && !before.contains(&m.version))
+            .map(|m| AppliedMigration {
+                version: m.version,
+                description: m.description.to_string(),
+            })
+            .collect())
+    }
+
+    /// Checks that every migration of this binary is applied and none unknown to it is.
+    pub async fn check_migrations(&self) -> Result<(), StoreError> {
+        let applied = self.applied_versions().await?;
+        for v in &applied {
+            if !MIGRATOR.iter().any(|m| m.version == *v) {
+                return Err(StoreError::SchemaNewer(*v));
+            }
+        }
+        for m in MIGRATOR.iter() {
+            if m.migration_type.is_up_migration() && !applied.contains(&m.version) {
+                return Err(StoreError::SchemaBehind(m.version));
+            }
+        }
+        Ok(())
+    }
+
+    async fn applied_versions(&self) -> Result<Vec<i64>, StoreError> {
+        let exists: bool = sqlx::query_scalar(
+            "SELECT to_regclass(quote_ident($1) || '._sqlx_migrations') IS NOT NULL",
+        )
+        .bind(&self.schema)
+        .fetch_one(&self.pool)
+        .await?;
+        if !exists {
+            return Ok(Vec::new());
+        }
+        Ok(sqlx::query_scalar(
+            "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// A cheap round trip, for readiness.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Closes the pool.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+const PIN_SEARCH_PATH: &str = r#"
+DO $$
+DECLARE f record;
+BEGIN
+    FOR f IN
+        SELECT p.oid::regprocedure AS sig
+        FROM pg_proc p
+        WHERE p.pronamespace = current_schema()::regnamespace
+          AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_temp', f.sig, current_schema());
+    END LOOP;
+END
+$$
+"#;

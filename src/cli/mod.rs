@@ -1,0 +1,101 @@
+//! The `vantage` command line: one module per command group.
+//!
+//! `main.rs` only parses and calls [`run`]; every command returns its exit code.
+
+pub mod append;
+pub mod config_cmd;
+pub mod dlq;
+pub mod exit;
+pub mod migrate;
+pub mod output;
+pub mod perspectives;
+pub mod status;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{ConfigError, LoadOptions, Settings};
+
+/// Keeps event-sourced perspectives current from PostgreSQL, and manages their dead letters.
+#[derive(Debug, Parser)]
+#[command(name = "vantage", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Global options.
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every command takes.
+#[derive(Debug, Clone, Args)]
+pub struct GlobalArgs {
+    /// Configuration file (default: config/vantage.toml if present).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Database URL (overrides the file, DATABASE_URL and VANTAGE__DATABASE__URL).
+    #[arg(long, global = true, value_name = "URL")]
+    pub database_url: Option<String>,
+}
+
+impl GlobalArgs {
+    /// Loads the settings these options point at.
+    pub fn load_settings(&self) -> Result<Settings, ConfigError> {
+        Settings::load(&LoadOptions {
+            config_path: self.config.clone(),
+            database_url: self.database_url.clone(),
+            overrides: Vec::new(),
+        })
+    }
+}
+
+/// Commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon in the foreground (SIGTERM/SIGINT shut it down gracefully).
+    Run,
+    /// Apply the database migrations, print what was applied, and exit.
+    Migrate,
+    /// The newcomer's first command: a local database, sample orders, a drain, dead letters.
+    Demo(DemoArgs),
+    /// Append events from JSON lines (stdin or --file); all or nothing.
+    Append(append::AppendArgs),
+    /// Per perspective: pending, leased, parked, dead-lettered, oldest pending age; instances.
+    Status(status::StatusArgs),
+    /// The perspective registry.
+    #[command(subcommand)]
+    Perspectives(perspectives::PerspectivesCommand),
+    /// Dead-lettered events: list, inspect, replay, purge, requeue.
+    #[command(subcommand)]
+    Dlq(dlq::DlqCommand),
+    /// Configuration.
+    #[command(subcommand)]
+    Config(config_cmd::ConfigCommand),
+}
+
+/// Options of `vantage demo`.
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// Exit after the drain instead of running until Ctrl-C.
+    #[arg(long)]
+    pub once: bool,
+}
+
+/// Runs a parsed command line; returns the process exit code.
+pub async fn run(cli: Cli) -> i32 {
+    match cli.command {
+        Command::Run => crate::daemon::run_command(&cli.global).await,
+        Command::Migrate => migrate::run(&cli.global).await,
+        Command::Demo(_) => {
+            eprintln!("vantage demo: not yet implemented");
+            exit::FAILURE
+        }
+        Command::Append(args) => append::run(&cli.global, args).await,
+        Command::Status(args) => status::run(&cli.global, args).await,
+        Command::Perspectives(cmd) => perspectives::run(&cli.global, cmd).await,
+        Command::Dlq(cmd) => dlq::run(&cli.global, cmd).await,
+        Command::Config(cmd) => config_cmd::run(&cli.global, cmd).await,
+    }
+}

@@ -1,0 +1,1 @@
+//! Tables and the JSON result envelope.

@@ -1,0 +1,82 @@
+//! Perspectives: the [`Perspective`] trait, SQL perspectives from configuration, the registry.
+
+mod registry;
+mod sql;
+
+pub use registry::{prepare_sql_perspectives, PerspectiveRegistry, RegistryError};
+pub use sql::{SqlPerspective, SqlPerspectiveError};
+
+use async_trait::async_trait;
+use sqlx::PgConnection;
+
+pub use crate::pipeline::envelope::EventEnvelope;
+
+/// What a handler's failure means for the event.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ApplyError {
+    /// Try again later (with backoff); after `max_perspective_event_attempts` claims the event
+    /// is dead-lettered with reason `MaxAttemptsExceeded`.
+    #[error("{0}")]
+    Retryable(String),
+    /// Will never succeed (e.g. a payload that can never be deserialized): dead-lettered at once
+    /// with reason `PermanentFailure`.
+    #[error("{0}")]
+    Permanent(String),
+    /// The database connection failed: not the event's fault. The batch is given back with a
+    /// refund and nobody is charged.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl ApplyError {
+    /// Classifies a database error raised by a handler's statement.
+    pub fn from_sqlx(e: sqlx::Error) -> ApplyError {
+        if crate::store::is_connection_error(&e) {
+            ApplyError::Unavailable(e.to_string())
+        } else {
+            match e {
+                sqlx::Error::Database(db) => ApplyError::Retryable(match db.code() {
+                    Some(code) => format!("{} (SQLSTATE {code})", db.message()),
+                    None => db.message().to_string(),
+                }),
+                other => ApplyError::Retryable(other.to_string()),
+            }
+        }
+    }
+
+    /// The error text kept on the work row and carried into a dead letter.
+    pub fn message(&self) -> &str {
+        match self {
+            ApplyError::Retryable(m) | ApplyError::Permanent(m) | ApplyError::Unavailable(m) => m,
+        }
+    }
+}
+
+/// A read model kept current by vantage.
+///
+/// `apply` runs inside the transaction that also completes the event's work row, so effects
+/// written through `tx` are exactly-once. Events of one stream arrive in `stream_version` order.
+#[async_trait]
+pub trait Perspective: Send + Sync + 'static {
+    /// Unique name (`wh_perspectives.perspective_name`).
+    fn name(&self) -> &str;
+
+    /// Event types this perspective subscribes to (`"*"` = every type).
+    fn event_types(&self) -> Vec<String>;
+
+    /// Applies one event.
+    async fn apply(&self, event: &EventEnvelope, tx: &mut PgConnection) -> Result<(), ApplyError>;
+
+    /// Clears the read model before a rebuild (`vantage perspectives rebuild`). Default: nothing.
+    async fn reset(&self, _tx: &mut PgConnection) -> Result<(), ApplyError> {
+        Ok(())
+    }
+
+    /// Whether every effect of `apply` goes through `tx` (true by default). A perspective with
+    /// effects outside the database (calls, messages) returns false: the cooldown cache then
+    /// keeps its mark even if the completion's transaction fails, so a re-claimed row is not
+    /// applied twice.
+    fn effects_in_transaction(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,209 @@
+//! Claims and the lease holder's state changes. Every change is fenced on the instance id in SQL.
+
+use std::time::Duration;
+
+use sqlx::postgres::PgConnection;
+use uuid::Uuid;
+
+use super::{map_db_error, InstanceId, Store, StoreError};
+
+/// A lane head acquired by `claim_orphaned_perspective_events`.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct ClaimedHead {
+    /// The work row.
+    pub event_work_id: Uuid,
+    /// Its stream.
+    pub stream_id: Uuid,
+    /// Its perspective.
+    pub perspective_name: String,
+}
+
+/// A work row leased to us, with its raw event, as `get_stream_events` returns it
+/// (before the DLQ filter and deserialization).
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+pub struct WorkRow {
+    /// The work row's id (one per event and perspective).
+    pub event_work_id: Uuid,
+    /// The event's stream.
+    pub stream_id: Uuid,
+    /// The event's id.
+    pub event_id: Uuid,
+    /// The perspective this row is for.
+    pub perspective_name: String,
+    /// The event's global position.
+    pub global_position: i64,
+    /// The event's version within its stream.
+    pub stream_version: i32,
+    /// `None` when the event has vanished from the event store.
+    pub event_type: Option<String>,
+    /// The event's payload.
+    pub event_data: Option<serde_json::Value>,
+    /// The event's metadata.
+    pub metadata: Option<serde_json::Value>,
+    /// How many times this row has been claimed (taken over), one-based.
+    pub attempts: i32,
+    /// How many apply failures were recorded for it.
+    pub failures: i32,
+}
+
+fn lease_seconds(lease: Duration) -> i32 {
+    lease.as_secs().clamp(1, i32::MAX as u64) as i32
+}
+
+impl Store {
+    /// Acquires lanes whose head is unowned and due, expired, or held by a dead instance.
+    pub async fn claim_orphaned(
+        &self,
+        instance: InstanceId,
+        lease: Duration,
+        max_streams: u32,
+        max_rows: u32,
+        perspectives: Option<&[String]>,
+    ) -> Result<Vec<ClaimedHead>, StoreError> {
+        sqlx::query_as::<_, ClaimedHead>(
+            "SELECT event_work_id, stream_id, perspective_name \
+             FROM claim_orphaned_perspective_events($1, $2, $3, $4, $5)",
+        )
+        .bind(instance.0)
+        .bind(lease_seconds(lease))
+        .bind(max_streams.min(i32::MAX as u32) as i32)
+        .bind(max_rows.min(i32::MAX as u32) as i32)
+        .bind(perspectives)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_db_error)
+    }
+
+    /// Claims the claimable rows of `streams` and returns every row of them validly leased to us
+    /// (within the `max_rows` window), ordered by stream, perspective, stream_version.
+    pub async fn get_stream_events(
+        &self,
+        instance: InstanceId,
+        streams: &[Uuid],
+        lease: Duration,
+        perspectives: Option<&[String]>,
+        max_rows: Option<u32>,
+    ) -> Result<Vec<WorkRow>, StoreError> {
+        sqlx::query_as::<_, WorkRow>(
+            "SELECT event_work_id, stream_id, event_id, perspective_name, global_position, \
+                    stream_version, event_type, event_data, metadata, attempts, failures \
+             FROM get_stream_events($1, $2, $3, $4, $5)",
+        )
+        .bind(instance.0)
+        .bind(streams)
+        .bind(lease_seconds(lease))
+        .bind(perspectives)
+        .bind(max_rows.map(|m| m.min(i32::MAX as u32) as i32))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_db_error)
+    }
+
+    /// The same claim for one lane: returns (work id, event id, stream_version, attempts).
+    pub async fn claim_and_fetch_pending(
+        &self,
+        stream: Uuid,
+        perspective: &str,
+        instance: InstanceId,
+        lease: Duration,
+    ) -> Result<Vec<(Uuid, Uuid, i32, i32)>, StoreError> {
+        sqlx::query_as(
+            "SELECT event_work_id, event_id, stream_version, attempts \
+             FROM claim_and_fetch_pending_perspective_events($1, $2, $3, $4)",
+        )
+        .bind(stream)
+        .bind(perspective)
+        .bind(instance.0)
+        .bind(lease_seconds(lease))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_db_error)
+    }
+
+    /// Deletes our rows (applied); returns how many were still ours.
+    pub async fn complete(&self, instance: InstanceId, ids: &[Uuid]) -> Result<u64, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        complete_in(&mut conn, instance, ids).await
+    }
+
+    /// Records an apply failure and parks the row for `retry_after`; false if no longer ours.
+    pub async fn record_failure(
+        &self,
+        instance: InstanceId,
+        id: Uuid,
+        error: &str,
+        retry_after: Duration,
+    ) -> Result<bool, StoreError> {
+        let interval = sqlx::postgres::types::PgInterval::try_from(retry_after)
+            .map_err(|e| StoreError::Database(sqlx::Error::Encode(e)))?;
+        sqlx::query_scalar(
+            "SELECT record_perspective_event_failure($1, $2, $3, $4, $5)",
+        )
+        .bind(instance.0)
+        .bind(id)
+        .bind(error)
+        .bind(retry_after.as_secs().min(i32::MAX as u64) as i32)
+        .bind(interval)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(map_db_error)
+    }
+
+    /// Gives back rows claimed but never handed to a handler, refunding the attempt.
+    pub async fn release_unstarted(
+        &self,
+        instance: InstanceId,
+        ids: &[Uuid],
+    ) -> Result<u64, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let n: i32 = sqlx::query_scalar("SELECT release_unstarted_leases($1, $2)")
+            .bind(instance.0)
+            .bind(ids)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map_db_error)?;
+        Ok(n as u64)
+    }
+
+    /// Extends the leases of rows we still hold; returns how many.
+    pub async fn renew_leases(
+        &self,
+        instance: InstanceId,
+        ids: &[Uuid],
+        lease: Duration,
+    ) -> Result<u64, StoreError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let n: i32 = sqlx::query_scalar("SELECT renew_leases($1, $2, $3)")
+            .bind(instance.0)
+            .bind(ids)
+            .bind(lease_seconds(lease))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map_db_error)?;
+        Ok(n as u64)
+    }
+}
+
+/// Completes rows inside the caller's transaction, so a perspective's writes and the completion
+/// of its work rows commit together (exactly-once effects). Returns how many were still ours:
+/// fewer than `ids.len()` means a lease was lost and the transaction must be rolled back.
+pub async fn complete_in(
+    conn: &mut PgConnection,
+    instance: InstanceId,
+    ids: &[Uuid],
+) -> Result<u64, StoreError> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let n: i32 = sqlx::query_scalar("SELECT complete_perspective_events($1, $2)")
+        .bind(instance.0)
+        .bind(ids)
+        .fetch_one(conn)
+        .await
+        .map_err(map_db_error)?;
+    Ok(n as u64)
+}

@@ -1,0 +1,90 @@
+//! Read-only views for `vantage status` and the metrics sampler.
+
+use uuid::Uuid;
+
+use super::{map_db_error, Store, StoreError};
+
+/// Work and dead letters of one perspective.
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+pub struct PerspectiveStatus {
+    /// The perspective.
+    pub perspective_name: String,
+    /// Work rows not leased and due now.
+    pub pending: i64,
+    /// Work rows leased to an instance.
+    pub leased: i64,
+    /// Work rows parked after a failure until their backoff passes.
+    pub parked: i64,
+    /// Open (`exhausted`) dead letters.
+    pub dead_lettered: i64,
+    /// Age in seconds of the oldest work row (None when there is none).
+    pub oldest_pending_age_seconds: Option<f64>,
+}
+
+/// Totals the metrics sampler publishes as gauges.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StoreGauges {
+    /// Per perspective status.
+    pub perspectives: Vec<PerspectiveStatus>,
+    /// Registered instances.
+    pub instances_live: i64,
+}
+
+impl Store {
+    /// Per registered perspective: pending, leased, parked, dead-lettered, oldest pending age.
+    /// Counts the work table: meant for an operator's command and a sampler tick, not a hot path.
+    pub async fn perspective_status(&self) -> Result<Vec<PerspectiveStatus>, StoreError> {
+        sqlx::query_as(
+            "WITH w AS ( \
+                 SELECT perspective_name, \
+                        count(*) FILTER (WHERE instance_id IS NULL AND scheduled_for <= now()) AS pending, \
+                        count(*) FILTER (WHERE instance_id IS NOT NULL) AS leased, \
+                        count(*) FILTER (WHERE instance_id IS NULL AND scheduled_for > now()) AS parked, \
+                        extract(epoch FROM now() - min(created_at))::float8 AS oldest \
+                 FROM wh_perspective_events GROUP BY perspective_name), \
+             d AS ( \
+                 SELECT perspective_name, count(*) AS dead \
+                 FROM wh_dead_letters WHERE status = 'exhausted' GROUP BY perspective_name) \
+             SELECT p.perspective_name, \
+                    coalesce(w.pending, 0) AS pending, coalesce(w.leased, 0) AS leased, \
+                    coalesce(w.parked, 0) AS parked, coalesce(d.dead, 0) AS dead_lettered, \
+                    w.oldest AS oldest_pending_age_seconds \
+             FROM (SELECT perspective_name FROM wh_perspectives \
+                   UNION SELECT perspective_name FROM w \
+                   UNION SELECT perspective_name FROM d) p \
+             LEFT JOIN w USING (perspective_name) LEFT JOIN d USING (perspective_name) \
+             ORDER BY p.perspective_name",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_db_error)
+    }
+
+    /// Everything the metrics sampler needs, in one call.
+    pub async fn gauges(&self) -> Result<StoreGauges, StoreError> {
+        let perspectives = self.perspective_status().await?;
+        let instances_live: i64 = sqlx::query_scalar("SELECT count(*) FROM wh_service_instances")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map_db_error)?;
+        Ok(StoreGauges {
+            perspectives,
+            instances_live,
+        })
+    }
+
+    /// Work rows whose event no longer exists in the event store (reported, never silently
+    /// claimed forever).
+    pub async fn orphaned_work_rows(&self, limit: i64) -> Result<Vec<Uuid>, StoreError> {
+        sqlx::query_scalar(
+            "SELECT pe.event_work_id FROM wh_perspective_events pe \
+             WHERE NOT EXISTS (SELECT 1 FROM wh_event_store e \
+                               WHERE e.global_position = pe.global_position) \
+             LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_db_error)
+    }
+}

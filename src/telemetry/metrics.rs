@@ -1,0 +1,60 @@
+//! Every metric vantage exports, named once (Prometheus conventions: `_total` counters,
+//! `_seconds` durations). Dashboards and alerts in `deploy/` use exactly these names; a test
+//! scrapes `/metrics` and checks.
+
+/// Counter: rows moved to the dead letters, labels `perspective`, `reason`.
+pub const DEAD_LETTER_MOVES_TOTAL: &str = "vantage_dead_letter_moves_total";
+/// Counter: moves that failed with a database error (the row stayed in the apply set).
+pub const DEAD_LETTER_MOVE_ERRORS_TOTAL: &str = "vantage_dead_letter_move_errors_total";
+/// Counter: work rows claimed (returned to us by a claim), label `perspective`.
+pub const EVENTS_CLAIMED_TOTAL: &str = "vantage_events_claimed_total";
+/// Counter: events applied and completed, label `perspective`.
+pub const EVENTS_APPLIED_TOTAL: &str = "vantage_events_applied_total";
+/// Counter: apply failures recorded, label `perspective`.
+pub const APPLY_FAILURES_TOTAL: &str = "vantage_apply_failures_total";
+/// Counter: rows completed without re-applying because their work id was cooled, label `perspective`.
+pub const COOLDOWN_SKIPS_TOTAL: &str = "vantage_cooldown_skips_total";
+/// Counter: lane heads taken over from another (lapsed or dead) holder or from nobody, label `perspective`.
+pub const LEASE_TAKEOVERS_TOTAL: &str = "vantage_lease_takeovers_total";
+/// Counter: rows given back unstarted, with a refund.
+pub const LEASES_RELEASED_TOTAL: &str = "vantage_leases_released_total";
+/// Histogram: time to apply one event, label `perspective`.
+pub const APPLY_DURATION_SECONDS: &str = "vantage_apply_duration_seconds";
+/// Histogram: time of one claim round (orphan claim + stream fetch).
+pub const CLAIM_DURATION_SECONDS: &str = "vantage_claim_duration_seconds";
+/// Gauge: work rows waiting (pending + leased + parked), label `perspective`.
+pub const BACKLOG_EVENTS: &str = "vantage_backlog_events";
+/// Gauge: open (`exhausted`) dead letters, label `perspective`.
+pub const DEAD_LETTERS: &str = "vantage_dead_letters";
+/// Gauge: age of the oldest waiting work row, label `perspective`.
+pub const OLDEST_PENDING_AGE_SECONDS: &str = "vantage_oldest_pending_age_seconds";
+/// Gauge: registered, heartbeating instances.
+pub const INSTANCES_LIVE: &str = "vantage_instances_live";
+/// Gauge (always 1): build information, label `version`.
+pub const BUILD_INFO: &str = "vantage_build_info";
+
+/// Label: perspective name.
+pub const LABEL_PERSPECTIVE: &str = "perspective";
+/// Label: dead-letter reason.
+pub const LABEL_REASON: &str = "reason";
+/// Label: build version.
+pub const LABEL_VERSION: &str = "version";
+
+/// Every metric name, for the test that checks dashboards and alerts.
+pub const ALL: &[&str] = &[
+    DEAD_LETTER_MOVES_TOTAL,
+    DEAD_LETTER_MOVE_ERRORS_TOTAL,
+    EVENTS_CLAIMED_TOTAL,
+    EVENTS_APPLIED_TOTAL,
+    APPLY_FAILURES_TOTAL,
+    COOLDOWN_SKIPS_TOTAL,
+    LEASE_TAKEOVERS_TOTAL,
+    LEASES_RELEASED_TOTAL,
+    APPLY_DURATION_SECONDS,
+    CLAIM_DURATION_SECONDS,
+    BACKLOG_EVENTS,
+    DEAD_LETTERS,
+    OLDEST_PENDING_AGE_SECONDS,
+    INSTANCES_LIVE,
+    BUILD_INFO,
+];

@@ -1,0 +1,3 @@
+//! Telemetry: metric names (defined once), logging setup, the HTTP surface.
+
+pub mod metrics;
