@@ -342,7 +342,9 @@ impl DatabaseUrl {
 
 impl fmt::Debug for DatabaseUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("DatabaseUrl").field(&self.redacted()).finish()
+        f.debug_tuple("DatabaseUrl")
+            .field(&self.redacted())
+            .finish()
     }
 }
 
@@ -529,13 +531,9 @@ impl Settings {
     /// Defaults overlaid with `toml` only (no file lookup, no environment): for tests and
     /// embedding.
     pub fn from_toml_str(toml: &str) -> Result<Settings, ConfigError> {
-        let label = "the configuration text";
-        let tree = parse_toml(toml, label)?;
-        let origins = Origins {
-            file: Some(label.to_owned()),
-            ..Origins::default()
-        };
-        from_tree(tree, &origins)
+        // There is only one layer, so errors need not say where a value came from.
+        let tree = parse_toml(toml, "the configuration text")?;
+        from_tree(tree, &Origins::default())
     }
 
     /// The effective configuration as TOML, with the database password replaced by `***`
@@ -553,7 +551,11 @@ impl Settings {
         entry(&mut out, "schema", toml_string(&d.schema));
         entry(&mut out, "max_connections", d.max_connections.to_string());
         entry(&mut out, "auto_migrate", d.auto_migrate.to_string());
-        entry(&mut out, "connect_timeout", toml_duration(d.connect_timeout));
+        entry(
+            &mut out,
+            "connect_timeout",
+            toml_duration(d.connect_timeout),
+        );
 
         let w = &self.worker;
         out.push_str("\n[worker]\n");
@@ -602,7 +604,11 @@ impl Settings {
         entry(&mut out, "stale_after", toml_duration(o.stale_after));
 
         out.push_str("\n[http]\n");
-        entry(&mut out, "listen", toml_string(&self.http.listen.to_string()));
+        entry(
+            &mut out,
+            "listen",
+            toml_string(&self.http.listen.to_string()),
+        );
 
         out.push_str("\n[log]\n");
         entry(&mut out, "format", toml_string(self.log.format.as_str()));
@@ -678,9 +684,7 @@ fn check_settable(key: &str, origin: &str) -> Result<(), ConfigError> {
     if section == Some("perspectives") {
         return Err(ConfigError::Invalid {
             key: key.to_owned(),
-            message: format!(
-                "perspectives can only be configured in the file, not from {origin}"
-            ),
+            message: format!("perspectives can only be configured in the file, not from {origin}"),
         });
     }
     let Some(&(section, keys)) = SECTIONS.iter().find(|(s, _)| Some(*s) == section) else {
@@ -986,12 +990,11 @@ fn from_tree(root: Map<String, Value>, origins: &Origins) -> Result<Settings, Co
 
 /// Rules across keys, checked once on the merged result.
 fn validate(s: &Settings, origins: &Origins) -> Result<(), ConfigError> {
-    let dur = |d: Duration| toml_duration(d);
     let w = &s.worker;
     if w.lease < Duration::from_secs(1) || w.lease.as_secs() > MAX_SQL_INT {
         return Err(origins.invalid(
             "worker.lease",
-            dur(w.lease),
+            toml_duration(w.lease),
             "a duration of at least 1s (leases are whole seconds in SQL)",
         ));
     }
@@ -999,17 +1002,17 @@ fn validate(s: &Settings, origins: &Origins) -> Result<(), ConfigError> {
     if w.poll_interval.is_zero() {
         return Err(origins.invalid(
             "worker.poll_interval",
-            dur(w.poll_interval),
+            toml_duration(w.poll_interval),
             "a duration greater than zero",
         ));
     }
     if w.retry_backoff_base > w.retry_backoff_max {
         return Err(origins.invalid(
             "worker.retry_backoff_base",
-            dur(w.retry_backoff_base),
+            toml_duration(w.retry_backoff_base),
             format!(
                 "at most worker.retry_backoff_max ({})",
-                dur(w.retry_backoff_max)
+                toml_duration(w.retry_backoff_max)
             ),
         ));
     }
@@ -1017,17 +1020,17 @@ fn validate(s: &Settings, origins: &Origins) -> Result<(), ConfigError> {
     if o.heartbeat_interval.is_zero() {
         return Err(origins.invalid(
             "orphans.heartbeat_interval",
-            dur(o.heartbeat_interval),
+            toml_duration(o.heartbeat_interval),
             "a duration greater than zero",
         ));
     }
     if o.stale_after <= o.heartbeat_interval {
         return Err(origins.invalid(
             "orphans.stale_after",
-            dur(o.stale_after),
+            toml_duration(o.stale_after),
             format!(
                 "more than orphans.heartbeat_interval ({}), or live instances would be declared dead",
-                dur(o.heartbeat_interval)
+                toml_duration(o.heartbeat_interval)
             ),
         ));
     }
@@ -1042,7 +1045,7 @@ fn validate(s: &Settings, origins: &Origins) -> Result<(), ConfigError> {
     if c.enabled && c.ttl.is_zero() {
         return Err(origins.invalid(
             "cooldown.ttl",
-            dur(c.ttl),
+            toml_duration(c.ttl),
             "a duration greater than zero while cooldown.enabled = true",
         ));
     }
@@ -1279,7 +1282,9 @@ fn database_url(v: &Value) -> Result<Option<DatabaseUrl>, String> {
 /// anything URL-like scrubbed in case a secret was pasted under the wrong key.
 fn render(key: &str, v: &Value) -> String {
     match &v.kind {
-        ValueKind::String(s) if key == "database.url" => quote(&DatabaseUrl::new(s.as_str()).redacted()),
+        ValueKind::String(s) if key == "database.url" => {
+            quote(&DatabaseUrl::new(s.as_str()).redacted())
+        }
         ValueKind::String(s) => quote(&scrub_secrets(s)),
         ValueKind::Nil => "nothing".to_owned(),
         ValueKind::Boolean(b) => b.to_string(),
@@ -1502,7 +1507,9 @@ mod tests {
 
     #[test]
     fn env_overrides_file_and_database_url_sits_between() {
-        let f = file("[worker]\nconsumers = 2\nbatch_size = 7\n[database]\nurl = \"postgres://file/db\"\n");
+        let f = file(
+            "[worker]\nconsumers = 2\nbatch_size = 7\n[database]\nurl = \"postgres://file/db\"\n",
+        );
         let o = opts(&f);
 
         let s = Settings::load_with_env(&o, &env(&[])).unwrap();
@@ -1586,15 +1593,19 @@ mod tests {
 
     #[test]
     fn attempts_off_and_numbers_from_every_layer() {
-        let s = Settings::from_toml_str("[worker]\nmax_perspective_event_attempts = \"off\"")
-            .unwrap();
-        assert_eq!(s.worker.max_perspective_event_attempts, None);
         let s =
-            Settings::from_toml_str("[worker]\nmax_perspective_event_attempts = 3").unwrap();
+            Settings::from_toml_str("[worker]\nmax_perspective_event_attempts = \"off\"").unwrap();
+        assert_eq!(s.worker.max_perspective_event_attempts, None);
+        let s = Settings::from_toml_str("[worker]\nmax_perspective_event_attempts = 3").unwrap();
         assert_eq!(s.worker.max_perspective_event_attempts, Some(3));
 
         let f = file("");
-        for (raw, want) in [("off", None), ("OFF", None), ("10", Some(10)), ("1", Some(1))] {
+        for (raw, want) in [
+            ("off", None),
+            ("OFF", None),
+            ("10", Some(10)),
+            ("1", Some(1)),
+        ] {
             let s = Settings::load_with_env(
                 &opts(&f),
                 &env(&[("VANTAGE__WORKER__MAX_PERSPECTIVE_EVENT_ATTEMPTS", raw)]),
@@ -1631,26 +1642,58 @@ mod tests {
             "invalid configuration: worker.consumers = \"abc\" (from VANTAGE__WORKER__CONSUMERS): expected a positive integer"
         );
 
+        assert_eq!(
+            err("[worker]\nconsumers = \"abc\""),
+            "invalid configuration: worker.consumers = \"abc\": expected a positive integer"
+        );
+
         let cases = [
             ("[worker]\nconsumers = 0", "worker.consumers = 0"),
             ("[worker]\nbatch_size = 0", "worker.batch_size = 0"),
-            ("[worker]\nmax_streams_per_claim = -3", "worker.max_streams_per_claim = -3"),
+            (
+                "[worker]\nmax_streams_per_claim = -3",
+                "worker.max_streams_per_claim = -3",
+            ),
             ("[worker]\nconsumers = 1.5", "worker.consumers = 1.5"),
             ("[worker]\nlease = \"500ms\"", "worker.lease = \"500ms\""),
             ("[worker]\nlease = 60", "worker.lease = 60"),
-            ("[worker]\npoll_interval = \"soon\"", "worker.poll_interval = \"soon\""),
+            (
+                "[worker]\npoll_interval = \"soon\"",
+                "worker.poll_interval = \"soon\"",
+            ),
             (
                 "[worker]\nretry_backoff_base = \"10m\"",
                 "worker.retry_backoff_base = \"10m\"",
             ),
-            ("[orphans]\nstale_after = \"10s\"", "orphans.stale_after = \"10s\""),
+            (
+                "[orphans]\nstale_after = \"10s\"",
+                "orphans.stale_after = \"10s\"",
+            ),
             ("[cooldown]\nmax_entries = 0", "cooldown.max_entries = 0"),
-            ("[cooldown]\nenabled = \"yes\"", "cooldown.enabled = \"yes\""),
-            ("[database]\nschema = \"Vantage\"", "database.schema = \"Vantage\""),
-            ("[database]\nschema = \"1abc\"", "database.schema = \"1abc\""),
-            ("[database]\nschema = \"a;drop\"", "database.schema = \"a;drop\""),
-            ("[database]\nurl = \"mysql://h/db\"", "database.url = \"mysql://h/db\""),
-            ("[http]\nlisten = \"localhost\"", "http.listen = \"localhost\""),
+            (
+                "[cooldown]\nenabled = \"yes\"",
+                "cooldown.enabled = \"yes\"",
+            ),
+            (
+                "[database]\nschema = \"Vantage\"",
+                "database.schema = \"Vantage\"",
+            ),
+            (
+                "[database]\nschema = \"1abc\"",
+                "database.schema = \"1abc\"",
+            ),
+            (
+                "[database]\nschema = \"a;drop\"",
+                "database.schema = \"a;drop\"",
+            ),
+            (
+                "[database]\nurl = \"mysql://h/db\"",
+                "database.url = \"mysql://h/db\"",
+            ),
+            (
+                "[http]\nlisten = \"localhost\"",
+                "http.listen = \"localhost\"",
+            ),
             ("[log]\nformat = \"xml\"", "log.format = \"xml\""),
             ("[log]\nlevel = \"inof\"", "log.level = \"inof\""),
             ("worker = 3", "worker = 3"),
@@ -1663,7 +1706,10 @@ mod tests {
         }
         let long = format!("[database]\nschema = \"{}\"", "a".repeat(64));
         assert!(err(&long).contains("database.schema"));
-        assert!(Settings::from_toml_str(&format!("[database]\nschema = \"{}\"", "a".repeat(63))).is_ok());
+        assert!(
+            Settings::from_toml_str(&format!("[database]\nschema = \"{}\"", "a".repeat(63)))
+                .is_ok()
+        );
         // A disabled cache may have any size.
         assert!(Settings::from_toml_str("[cooldown]\nenabled = false\nmax_entries = 0").is_ok());
         // Directives are left to the logger.
@@ -1673,31 +1719,42 @@ mod tests {
     #[test]
     fn unknown_keys_are_errors() {
         let e = err("[worker]\nconsumer = 3");
-        assert!(e.contains("unknown key worker.consumer") && e.contains("consumers"), "{e}");
+        assert!(
+            e.contains("unknown key worker.consumer") && e.contains("consumers"),
+            "{e}"
+        );
         assert!(err("[workers]\nconsumers = 3").contains("unknown key workers"));
-        assert!(err("[[perspectives]]\nname = \"a\"\nevents = [\"*\"]\ntable = \"x\"")
-            .contains("unknown key perspectives[0].table"));
+        assert!(
+            err("[[perspectives]]\nname = \"a\"\nevents = [\"*\"]\ntable = \"x\"")
+                .contains("unknown key perspectives[0].table")
+        );
 
         let f = file("");
         let e = Settings::load_with_env(&opts(&f), &env(&[("VANTAGE__WORKER__CONSUMER", "3")]))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("worker.consumer") && e.contains("VANTAGE__WORKER__CONSUMER"), "{e}");
+        assert!(
+            e.contains("worker.consumer") && e.contains("VANTAGE__WORKER__CONSUMER"),
+            "{e}"
+        );
 
-        let e = Settings::load_with_env(
-            &opts(&f),
-            &env(&[("VANTAGE__PERSPECTIVES__0__NAME", "x")]),
-        )
-        .unwrap_err()
-        .to_string();
+        let e =
+            Settings::load_with_env(&opts(&f), &env(&[("VANTAGE__PERSPECTIVES__0__NAME", "x")]))
+                .unwrap_err()
+                .to_string();
         assert!(e.contains("only be configured in the file"), "{e}");
 
         let o = LoadOptions {
             overrides: vec![("worker.nope".into(), "1".into())],
             ..opts(&f)
         };
-        let e = Settings::load_with_env(&o, &env(&[])).unwrap_err().to_string();
-        assert!(e.contains("unknown key worker.nope (from an override)"), "{e}");
+        let e = Settings::load_with_env(&o, &env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown key worker.nope (from an override)"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1706,15 +1763,28 @@ mod tests {
         let e = err(&format!(
             "{base}events = [\"A\"]\n[perspectives.sql]\nA = \"select 1\"\nB = \"select 2\""
         ));
-        assert!(e.contains("perspectives[0].sql.B") && e.contains("not listed"), "{e}");
-        let e = err(&format!("{base}events = [\"A\", \"B\"]\n[perspectives.sql]\nA = \"select 1\""));
-        assert!(e.contains("perspectives[0].sql") && e.contains("'B'"), "{e}");
+        assert!(
+            e.contains("perspectives[0].sql.B") && e.contains("not listed"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{base}events = [\"A\", \"B\"]\n[perspectives.sql]\nA = \"select 1\""
+        ));
+        assert!(
+            e.contains("perspectives[0].sql") && e.contains("'B'"),
+            "{e}"
+        );
         let e = err("[[perspectives]]\nevents = [\"*\"]");
         assert!(e.contains("perspectives[0].name: missing"), "{e}");
         let e = err("[[perspectives]]\nname = \"\"\nevents = [\"*\"]");
         assert!(e.contains("perspectives[0].name = \"\""), "{e}");
-        let e = err(&format!("{base}events = [\"*\"]\n[[perspectives]]\nname = \"p\"\nevents = [\"*\"]"));
-        assert!(e.contains("perspectives[1].name = \"p\"") && e.contains("perspectives[0]"), "{e}");
+        let e = err(&format!(
+            "{base}events = [\"*\"]\n[[perspectives]]\nname = \"p\"\nevents = [\"*\"]"
+        ));
+        assert!(
+            e.contains("perspectives[1].name = \"p\"") && e.contains("perspectives[0]"),
+            "{e}"
+        );
         let e = err(&format!("{base}events = []"));
         assert!(e.contains("perspectives[0].events"), "{e}");
         let e = err(&format!("{base}events = \"A\""));
@@ -1756,14 +1826,20 @@ mod tests {
         assert!(out.contains("url = \"postgres://u:***@h/db\""), "{out}");
 
         let back = Settings::from_toml_str(&out).unwrap();
-        assert_eq!(back.database.url.as_ref().unwrap().expose(), "postgres://u:***@h/db");
+        assert_eq!(
+            back.database.url.as_ref().unwrap().expose(),
+            "postgres://u:***@h/db"
+        );
         let mut expected = s.clone();
         expected.database.url = back.database.url.clone();
         assert_eq!(back, expected);
 
         let defaults = Settings::default().redacted_toml();
         assert!(defaults.contains("# url is not set"));
-        assert_eq!(Settings::from_toml_str(&defaults).unwrap(), Settings::default());
+        assert_eq!(
+            Settings::from_toml_str(&defaults).unwrap(),
+            Settings::default()
+        );
     }
 
     #[test]
@@ -1777,7 +1853,9 @@ mod tests {
 
         let q = DatabaseUrl::new("postgres://h/db?sslmode=require&password=secret");
         assert!(!q.redacted().contains("secret") && q.redacted().contains("sslmode=require"));
-        assert!(!DatabaseUrl::new("host=h password=secret").to_string().contains("secret"));
+        assert!(!DatabaseUrl::new("host=h password=secret")
+            .to_string()
+            .contains("secret"));
 
         // A TOML syntax error would echo the line; the message must not.
         let e = err(&format!("[database]\nurl = {SECRET_URL}\n"));
@@ -1789,7 +1867,10 @@ mod tests {
         assert!(e.contains("database.url") && !e.contains("secret"), "{e}");
         // Pasted under the wrong key, still scrubbed.
         let e = err(&format!("[database]\nschema = \"{SECRET_URL}\""));
-        assert!(e.contains("database.schema") && !e.contains("secret"), "{e}");
+        assert!(
+            e.contains("database.schema") && !e.contains("secret"),
+            "{e}"
+        );
         let f = file("");
         let e = Settings::load_with_env(
             &opts(&f),
@@ -1797,7 +1878,10 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("(from DATABASE_URL)") && !e.contains("secret"), "{e}");
+        assert!(
+            e.contains("(from DATABASE_URL)") && !e.contains("secret"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,9 +1,478 @@
-//! The daemon: runtime, consumer loops, background loops, graceful shutdown.
+//! The daemon: start-up checks, consumer loops, background loops, graceful shutdown.
+//!
+//! [`DaemonBuilder::start`] takes no signal handler of its own: callers stop it through
+//! [`RunningDaemon::shutdown`] (tests, embedders) and `vantage run` wires SIGTERM/SIGINT to it.
+
+mod background;
+mod consumer;
+mod listener;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::cli::{exit, GlobalArgs};
+use crate::config::Settings;
+use crate::perspective::{Perspective, PerspectiveRegistry, RegistryError};
+use crate::pipeline::apply::ApplyContext;
+use crate::pipeline::claim::ClaimLimits;
+use crate::pipeline::cooldown::CooldownCache;
+use crate::pipeline::inflight::InFlight;
+use crate::pipeline::Pipeline;
+use crate::store::{InstanceId, InstanceInfo, Store, StoreError, StoreOptions};
+use crate::telemetry::http::{Health, HttpState};
+
+/// Why the daemon could not start or stopped abnormally; each maps to an exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// Configuration problem (bad perspective statement, none configured, schema mismatch).
+    #[error("{0}")]
+    Config(String),
+    /// The database stayed unreachable past `database.connect_timeout`.
+    #[error(transparent)]
+    Unreachable(StoreError),
+    /// Anything else.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl DaemonError {
+    /// The process exit code for this error (SPEC §5).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            DaemonError::Config(_) => exit::CONFIG,
+            DaemonError::Unreachable(_) => exit::UNAVAILABLE,
+            DaemonError::Internal(_) => exit::FAILURE,
+        }
+    }
+}
+
+impl From<RegistryError> for DaemonError {
+    fn from(e: RegistryError) -> Self {
+        match e {
+            RegistryError::Store(e) => store_error(e),
+            other => DaemonError::Config(other.to_string()),
+        }
+    }
+}
+
+fn store_error(e: StoreError) -> DaemonError {
+    match e {
+        e @ (StoreError::SchemaNewer(_) | StoreError::SchemaBehind(_) | StoreError::InvalidUrl(_)) => {
+            DaemonError::Config(e.to_string())
+        }
+        e if e.is_connection_error() => DaemonError::Unreachable(e),
+        e => DaemonError::Internal(e.to_string()),
+    }
+}
+
+/// Builds a daemon: SQL perspectives from the settings plus any Rust perspectives added here.
+pub struct DaemonBuilder {
+    settings: Settings,
+    extra: Vec<Arc<dyn Perspective>>,
+    store: Option<Store>,
+    cooldown: Option<Arc<CooldownCache>>,
+    http: HttpMode,
+    instance: InstanceId,
+}
+
+enum HttpMode {
+    FromSettings,
+    Listener(TcpListener),
+    Off,
+}
+
+impl DaemonBuilder {
+    /// A daemon for these settings.
+    pub fn new(settings: Settings) -> Self {
+        DaemonBuilder {
+            settings,
+            extra: Vec::new(),
+            store: None,
+            cooldown: None,
+            http: HttpMode::FromSettings,
+            instance: InstanceId::new(),
+        }
+    }
+
+    /// Adds a Rust perspective.
+    pub fn perspective(mut self, perspective: impl Perspective) -> Self {
+        self.extra.push(Arc::new(perspective));
+        self
+    }
+
+    /// Adds a shared Rust perspective.
+    pub fn perspective_arc(mut self, perspective: Arc<dyn Perspective>) -> Self {
+        self.extra.push(perspective);
+        self
+    }
+
+    /// Uses this store instead of connecting from the settings.
+    pub fn store(mut self, store: Store) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Uses this cooldown cache (e.g. to observe or pre-mark it in tests).
+    pub fn cooldown_cache(mut self, cache: Arc<CooldownCache>) -> Self {
+        self.cooldown = Some(cache);
+        self
+    }
+
+    /// Serves HTTP on this already-bound listener instead of `http.listen`.
+    pub fn http_listener(mut self, listener: TcpListener) -> Self {
+        self.http = HttpMode::Listener(listener);
+        self
+    }
+
+    /// No HTTP server.
+    pub fn without_http(mut self) -> Self {
+        self.http = HttpMode::Off;
+        self
+    }
+
+    /// Uses this instance id (default: a random one).
+    pub fn instance_id(mut self, instance: InstanceId) -> Self {
+        self.instance = instance;
+        self
+    }
+
+    /// Connects, migrates (unless `database.auto_migrate = false`), registers and prepares the
+    /// perspectives, registers the instance, and starts every loop.
+    pub async fn start(self) -> Result<RunningDaemon, DaemonError> {
+        let settings = Arc::new(self.settings);
+        let store = match self.store {
+            Some(s) => s,
+            None => Store::connect(&StoreOptions::from_settings(&settings.database))
+                .await
+                .map_err(store_error)?,
+        };
+        if settings.database.auto_migrate {
+            let applied = store.migrate().await.map_err(store_error)?;
+            for m in applied {
+                tracing::info!(version = m.version, description = %m.description, "applied migration");
+            }
+        } else {
+            store.check_migrations().await.map_err(store_error)?;
+        }
+
+        let mut registry = PerspectiveRegistry::from_settings(&settings.perspectives)?;
+        for p in self.extra {
+            registry.add(p)?;
+        }
+        if registry.is_empty() {
+            return Err(DaemonError::Config(
+                "no perspectives configured: add a [[perspectives]] section to the configuration".into(),
+            ));
+        }
+        crate::perspective::prepare_sql_perspectives(&store, &settings.perspectives).await?;
+        registry.register_all(&store).await?;
+
+        let instance = self.instance;
+        let info = InstanceInfo::current("vantage");
+        store.heartbeat(instance, &info).await.map_err(store_error)?;
+
+        let metrics = crate::telemetry::recorder::install()
+            .map_err(|e| DaemonError::Internal(e.to_string()))?;
+        let health = Health::new();
+        health.set_database_ok(true);
+        health.set_migrations_current(true);
+
+        let cooldown = match self.cooldown {
+            Some(c) => Some(c),
+            None if settings.cooldown.enabled => Some(Arc::new(CooldownCache::new(
+                settings.cooldown.ttl,
+                settings.cooldown.max_entries,
+            ))),
+            None => None,
+        };
+
+        let stop_claiming = CancellationToken::new();
+        let stop_background = CancellationToken::new();
+        let consumers = TaskTracker::new();
+        let background = TaskTracker::new();
+
+        // HTTP first, so a port conflict fails start-up before any work is claimed.
+        let http_addr = match self.http {
+            HttpMode::Off => None,
+            mode => {
+                let listener = match mode {
+                    HttpMode::Listener(l) => l,
+                    _ => crate::telemetry::http::bind(settings.http.listen)
+                        .await
+                        .map(|(l, _)| l)
+                        .map_err(|e| DaemonError::Internal(e.to_string()))?,
+                };
+                let addr = listener.local_addr().ok();
+                let state = HttpState::new(metrics, health.clone());
+                let token = stop_background.clone();
+                background.spawn(async move {
+                    if let Err(error) = crate::telemetry::http::serve_on(listener, state, token).await {
+                        tracing::error!(%error, "HTTP server failed");
+                    }
+                });
+                addr
+            }
+        };
+
+        let inflight = InFlight::new();
+        let names = registry.names();
+        let pipeline = Pipeline {
+            ctx: ApplyContext {
+                store: store.clone(),
+                instance,
+                registry,
+                cooldown: cooldown.clone(),
+                backoff_base: settings.worker.retry_backoff_base,
+                backoff_max: settings.worker.retry_backoff_max,
+                max_attempts: settings.worker.max_perspective_event_attempts,
+            },
+            limits: ClaimLimits {
+                lease: settings.worker.lease,
+                max_streams: settings.worker.max_streams_per_claim,
+                batch_size: settings.worker.batch_size,
+            },
+            perspectives: names.clone(),
+            inflight: Arc::clone(&inflight),
+            dead_letters_enabled: true,
+        };
+
+        let (wake_tx, wake_rx) = watch::channel(0u64);
+        let wake_tx = Arc::new(wake_tx);
+        {
+            let store = store.clone();
+            let token = stop_claiming.clone();
+            let beat = health.register_loop("listener", Duration::from_secs(30));
+            let wake = Arc::clone(&wake_tx);
+            consumers.spawn(async move {
+                listener::run(store, wake, token, || beat.beat()).await;
+                beat.finish();
+            });
+        }
+        for id in 0..settings.worker.consumers {
+            let pipeline = pipeline.clone();
+            let wake = wake_rx.clone();
+            let token = stop_claiming.clone();
+            let poll = settings.worker.poll_interval;
+            // A batch may legitimately take long; liveness only flags a loop silent for long.
+            let stale = (settings.worker.lease * 3).max(poll * 3);
+            let beat = health.register_loop(format!("consumer-{id}"), stale);
+            consumers.spawn(async move {
+                consumer::run(id, pipeline, wake, poll, token, || beat.beat()).await;
+                beat.finish();
+            });
+        }
+        background.spawn(background::heartbeat(
+            store.clone(),
+            instance,
+            info,
+            Arc::clone(&settings),
+            health.clone(),
+            stop_background.clone(),
+            health.register_loop("heartbeat", settings.orphans.heartbeat_interval * 3),
+        ));
+        background.spawn(background::renew_leases(
+            store.clone(),
+            instance,
+            Arc::clone(&inflight),
+            settings.worker.lease,
+            stop_background.clone(),
+            health.register_loop("lease-renewal", settings.worker.lease),
+        ));
+        background.spawn(background::sampler(
+            store.clone(),
+            health.clone(),
+            cooldown.clone(),
+            stop_background.clone(),
+            health.register_loop("sampler", Duration::from_secs(30)),
+        ));
+
+        tracing::info!(%instance, perspectives = ?names, consumers = settings.worker.consumers,
+            http = ?http_addr, schema = %store.schema(), database = %store.target(), "vantage is running");
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+
+        let shutdown = CancellationToken::new();
+        let supervisor = {
+            let shutdown = shutdown.clone();
+            let health = health.clone();
+            let store = store.clone();
+            let grace = settings.worker.shutdown_grace;
+            tokio::spawn(async move {
+                shutdown.cancelled().await;
+                drain_and_stop(DrainAndStop {
+                    store,
+                    instance,
+                    health,
+                    grace,
+                    stop_claiming,
+                    stop_background,
+                    consumers,
+                    background,
+                    _wake: wake_tx,
+                })
+                .await
+            })
+        };
+
+        Ok(RunningDaemon {
+            instance,
+            shutdown,
+            health,
+            http_addr,
+            cooldown,
+            inflight,
+            supervisor,
+        })
+    }
+}
+
+struct DrainAndStop {
+    store: Store,
+    instance: InstanceId,
+    health: Health,
+    grace: Duration,
+    stop_claiming: CancellationToken,
+    stop_background: CancellationToken,
+    consumers: TaskTracker,
+    background: TaskTracker,
+    _wake: Arc<watch::Sender<u64>>,
+}
+
+/// Graceful shutdown: not ready, stop claiming, let batches in flight finish within the grace
+/// (leases still renewed meanwhile), give back everything still held with a refund, deregister.
+async fn drain_and_stop(s: DrainAndStop) -> Result<(), DaemonError> {
+    s.health.set_shutting_down();
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    tracing::info!(grace = ?s.grace, "shutting down: finishing batches in flight");
+    s.stop_claiming.cancel();
+    s.consumers.close();
+    if tokio::time::timeout(s.grace, s.consumers.wait()).await.is_err() {
+        tracing::warn!(grace = ?s.grace, "batches still in flight after the shutdown grace; abandoning them (their transactions roll back)");
+    }
+    // Whatever is still leased (an abandoned batch, rows never started) goes back refunded.
+    match s.store.deregister(s.instance).await {
+        Ok(released) => {
+            tracing::info!(released, instance = %s.instance, "deregistered; leases given back")
+        }
+        Err(error) => tracing::warn!(%error, "could not deregister; other instances will take over once this one is stale"),
+    }
+    s.stop_background.cancel();
+    s.background.close();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.background.wait()).await;
+    tracing::info!("vantage stopped");
+    Ok(())
+}
+
+/// A started daemon.
+pub struct RunningDaemon {
+    instance: InstanceId,
+    shutdown: CancellationToken,
+    health: Health,
+    http_addr: Option<SocketAddr>,
+    cooldown: Option<Arc<CooldownCache>>,
+    inflight: Arc<InFlight>,
+    supervisor: JoinHandle<Result<(), DaemonError>>,
+}
+
+impl RunningDaemon {
+    /// Its lease holder id.
+    pub fn instance_id(&self) -> InstanceId {
+        self.instance
+    }
+
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
+    }
+
+    /// Liveness and readiness state.
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
+    /// The cooldown cache, when enabled.
+    pub fn cooldown(&self) -> Option<&Arc<CooldownCache>> {
+        self.cooldown.as_ref()
+    }
+
+    /// Rows and streams in flight right now.
+    pub fn inflight(&self) -> &Arc<InFlight> {
+        &self.inflight
+    }
+
+    /// A token that starts the graceful shutdown when cancelled.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Starts the graceful shutdown and waits for it.
+    pub async fn shutdown(self) -> Result<(), DaemonError> {
+        self.shutdown.cancel();
+        self.wait().await
+    }
+
+    /// Waits until the daemon has stopped.
+    pub async fn wait(self) -> Result<(), DaemonError> {
+        match self.supervisor.await {
+            Ok(r) => r,
+            Err(e) => Err(DaemonError::Internal(format!("supervisor task failed: {e}"))),
+        }
+    }
+}
 
 /// `vantage run`.
-pub async fn run_command(_global: &GlobalArgs) -> i32 {
-    eprintln!("vantage run: not yet implemented");
-    exit::FAILURE
+pub async fn run_command(global: &GlobalArgs) -> i32 {
+    let settings = match global.load_settings() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("vantage: {e}");
+            return exit::CONFIG;
+        }
+    };
+    if let Err(e) = crate::telemetry::logging::init(&settings.log) {
+        eprintln!("vantage: {e}");
+        return exit::CONFIG;
+    }
+    let daemon = match DaemonBuilder::new(settings).start().await {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::error!(error = %e, "vantage could not start");
+            eprintln!("vantage: {e}");
+            return e.exit_code();
+        }
+    };
+    let token = daemon.shutdown_token();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("signal received: shutting down gracefully (send it again to exit at once)");
+        token.cancel();
+        wait_for_signal().await;
+        tracing::warn!("second signal: exiting at once");
+        std::process::exit(exit::FAILURE);
+    });
+    match daemon.wait().await {
+        Ok(()) => exit::OK,
+        Err(e) => {
+            eprintln!("vantage: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
 }

@@ -57,10 +57,7 @@ mod tests {
         assert_eq!(retry_delay(u32::MAX, BASE, MAX), MAX);
         // Even with a cap at the edge of Duration.
         assert_eq!(retry_delay(1000, BASE, Duration::MAX), Duration::MAX);
-        assert_eq!(
-            retry_delay(2, Duration::MAX, Duration::MAX),
-            Duration::MAX
-        );
+        assert_eq!(retry_delay(2, Duration::MAX, Duration::MAX), Duration::MAX);
     }
 
     #[test]

@@ -78,42 +78,56 @@ impl Clock for ManualClock {
 /// The recently-applied work ids, bounded in time (`ttl`) and size (`max_entries`).
 ///
 /// Thread-safe behind one mutex: it is touched once per event, briefly, and every operation is
-/// O(1) amortised. An entry costs about 50 bytes (a 24-byte map slot, a 24-byte queue slot), so
-/// 100 000 entries stay well under 10 MiB.
+/// O(1) amortised. An entry costs about 60 bytes (a 32-byte map slot, a 24-byte queue slot,
+/// plus hash-table slack), so 100 000 entries stay under 10 MiB.
 pub struct CooldownCache<C: Clock = SystemClock> {
     ttl_nanos: u64,
     max_entries: usize,
     clock: C,
     /// Times are nanoseconds since `epoch` (u64, not `Instant`): 8 bytes instead of 16 per
-    /// copy, and 584 years of range.
+    /// entry, and 584 years of range.
     epoch: Instant,
     inner: Mutex<Inner>,
 }
 
+#[derive(Clone, Copy)]
+struct Entry {
+    /// When it was last marked, in nanoseconds since the epoch.
+    at: u64,
+    /// Which mark that was: matches exactly one pair in `Inner::order`.
+    seq: u64,
+}
+
 #[derive(Default)]
 struct Inner {
-    /// Work id → time of its latest mark. The source of truth for membership.
-    marked_at: HashMap<Uuid, u64>,
-    /// Marks in time order, oldest first. A re-mark pushes a new pair and leaves the old one
-    /// behind; a pair whose time differs from `marked_at` is stale and skipped when popped.
+    /// Work id → its latest mark. The source of truth for membership.
+    entries: HashMap<Uuid, Entry>,
+    /// `(work id, mark seq)` in mark order, oldest first, hence also in time order. A re-mark
+    /// pushes a new pair and leaves the old one behind; a pair whose seq is not the entry's
+    /// is stale and skipped when popped. (A sequence number rather than the time tells them
+    /// apart even when two marks happen at the same instant.)
     order: VecDeque<(Uuid, u64)>,
+    next_seq: u64,
 }
 
 impl Inner {
-    /// Whether the queue pair `(id, at)` is still the live mark of `id`.
-    fn is_live(&self, id: &Uuid, at: u64) -> bool {
-        self.marked_at.get(id) == Some(&at)
+    /// The time of the queue pair `(id, seq)` if it is still the live mark of `id`.
+    fn live_at(&self, id: &Uuid, seq: u64) -> Option<u64> {
+        self.entries
+            .get(id)
+            .filter(|entry| entry.seq == seq)
+            .map(|entry| entry.at)
     }
 
-    /// Drops expired marks from the front of the queue (and stale pairs on the way).
+    /// Drops expired entries from the front of the queue (and stale pairs on the way).
     fn pop_expired(&mut self, now: u64, ttl: u64) -> usize {
         let mut removed = 0;
-        while let Some(&(id, at)) = self.order.front() {
-            if self.is_live(&id, at) {
+        while let Some(&(id, seq)) = self.order.front() {
+            if let Some(at) = self.live_at(&id, seq) {
                 if now.saturating_sub(at) < ttl {
                     break;
                 }
-                self.marked_at.remove(&id);
+                self.entries.remove(&id);
                 removed += 1;
             }
             self.order.pop_front();
@@ -121,15 +135,15 @@ impl Inner {
         removed
     }
 
-    /// Evicts the `n` oldest live marks.
+    /// Evicts the `n` oldest entries.
     fn evict_oldest(&mut self, n: usize) {
         let mut evicted = 0;
         while evicted < n {
-            let Some((id, at)) = self.order.pop_front() else {
+            let Some((id, seq)) = self.order.pop_front() else {
                 break;
             };
-            if self.is_live(&id, at) {
-                self.marked_at.remove(&id);
+            if self.live_at(&id, seq).is_some() {
+                self.entries.remove(&id);
                 evicted += 1;
             }
         }
@@ -139,10 +153,10 @@ impl Inner {
     /// lazy removals cannot grow it without bound. Amortised O(1): it runs only after as many
     /// stale pairs as live entries have piled up.
     fn compact_if_bloated(&mut self) {
-        if self.order.len() > 2 * self.marked_at.len() + 64 {
-            let marked_at = &self.marked_at;
+        if self.order.len() > 2 * self.entries.len() + 64 {
+            let entries = &self.entries;
             self.order
-                .retain(|(id, at)| marked_at.get(id) == Some(at));
+                .retain(|(id, seq)| entries.get(id).is_some_and(|e| e.seq == *seq));
         }
     }
 }
@@ -178,17 +192,18 @@ impl<C: Clock> CooldownCache<C> {
         }
         let now = self.now();
         let mut inner = self.lock();
-        if inner.marked_at.insert(work_id, now).is_none()
-            && inner.marked_at.len() > self.max_entries
+        let seq = inner.next_seq;
+        inner.next_seq += 1;
+        // Queued before making room, so the entry just marked, the newest, is never evicted.
+        inner.order.push_back((work_id, seq));
+        let entry = Entry { at: now, seq };
+        if inner.entries.insert(work_id, entry).is_none() && inner.entries.len() > self.max_entries
         {
-            // Over by one: make room among the entries other than the one just inserted (it is
-            // the newest, so it is never at the front of the queue).
             inner.pop_expired(now, self.ttl_nanos);
-            if inner.marked_at.len() > self.max_entries {
+            if inner.entries.len() > self.max_entries {
                 inner.evict_oldest((self.max_entries / 10).max(1));
             }
         }
-        inner.order.push_back((work_id, now));
         inner.compact_if_bloated();
     }
 
@@ -197,15 +212,24 @@ impl<C: Clock> CooldownCache<C> {
     pub fn is_cooled(&self, work_id: Uuid) -> bool {
         let now = self.now();
         let mut inner = self.lock();
-        match inner.marked_at.get(&work_id) {
-            Some(&at) if now.saturating_sub(at) < self.ttl_nanos => true,
+        match inner.entries.get(&work_id) {
+            Some(entry) if now.saturating_sub(entry.at) < self.ttl_nanos => true,
             Some(_) => {
                 // Its queue pair turns stale and is skipped later.
-                inner.marked_at.remove(&work_id);
+                inner.entries.remove(&work_id);
                 false
             }
             None => false,
         }
+    }
+
+    /// Drops the mark of `work_id`: its apply was rolled back with the transaction, so the
+    /// row must be applied again when it is re-claimed.
+    pub fn forget(&self, work_id: Uuid) {
+        let mut inner = self.lock();
+        // Its queue pair turns stale and is skipped later.
+        inner.entries.remove(&work_id);
+        inner.compact_if_bloated();
     }
 
     /// Removes every expired entry; returns how many. Run periodically so an idle daemon
@@ -220,7 +244,7 @@ impl<C: Clock> CooldownCache<C> {
 
     /// Number of entries, expired ones not yet removed included.
     pub fn len(&self) -> usize {
-        self.lock().marked_at.len()
+        self.lock().entries.len()
     }
 
     /// Whether the cache holds no entry.
@@ -268,6 +292,18 @@ mod tests {
 
     fn ids(n: usize) -> Vec<Uuid> {
         (0..n).map(|_| Uuid::new_v4()).collect()
+    }
+
+    #[test]
+    fn forget_uncools_only_that_id() {
+        let (_clock, cache) = cache(10);
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        cache.mark(a);
+        cache.mark(b);
+        cache.forget(a);
+        assert!(!cache.is_cooled(a));
+        assert!(cache.is_cooled(b));
+        assert_eq!(cache.len(), 1);
     }
 
     #[test]

@@ -134,19 +134,7 @@ impl Store {
         error: &str,
         retry_after: Duration,
     ) -> Result<bool, StoreError> {
-        let interval = sqlx::postgres::types::PgInterval::try_from(retry_after)
-            .map_err(|e| StoreError::Database(sqlx::Error::Encode(e)))?;
-        sqlx::query_scalar(
-            "SELECT record_perspective_event_failure($1, $2, $3, $4, $5)",
-        )
-        .bind(instance.0)
-        .bind(id)
-        .bind(error)
-        .bind(retry_after.as_secs().min(i32::MAX as u64) as i32)
-        .bind(interval)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(map_db_error)
+        record_failure_in(&self.pool, instance, id, error, retry_after).await
     }
 
     /// Gives back rows claimed but never handed to a handler, refunding the attempt.
@@ -155,16 +143,7 @@ impl Store {
         instance: InstanceId,
         ids: &[Uuid],
     ) -> Result<u64, StoreError> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
-        let n: i32 = sqlx::query_scalar("SELECT release_unstarted_leases($1, $2)")
-            .bind(instance.0)
-            .bind(ids)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(map_db_error)?;
-        Ok(n as u64)
+        release_unstarted_in(&self.pool, instance, ids).await
     }
 
     /// Extends the leases of rows we still hold; returns how many.
@@ -203,6 +182,46 @@ pub async fn complete_in(
         .bind(instance.0)
         .bind(ids)
         .fetch_one(conn)
+        .await
+        .map_err(map_db_error)?;
+    Ok(n as u64)
+}
+
+/// Records an apply failure (failures + 1, last_error, lease cleared, parked for `retry_after`)
+/// on any executor, e.g. the batch's transaction. False if the row is no longer ours.
+pub async fn record_failure_in<'c, E: sqlx::PgExecutor<'c>>(
+    executor: E,
+    instance: InstanceId,
+    id: Uuid,
+    error: &str,
+    retry_after: Duration,
+) -> Result<bool, StoreError> {
+    let interval = sqlx::postgres::types::PgInterval::try_from(retry_after)
+        .map_err(|e| StoreError::Database(sqlx::Error::Encode(e)))?;
+    sqlx::query_scalar("SELECT record_perspective_event_failure($1, $2, $3, $4, $5)")
+        .bind(instance.0)
+        .bind(id)
+        .bind(error)
+        .bind(retry_after.as_secs().min(i32::MAX as u64) as i32)
+        .bind(interval)
+        .fetch_one(executor)
+        .await
+        .map_err(map_db_error)
+}
+
+/// Gives back unstarted rows with a refund, on any executor. Returns how many were ours.
+pub async fn release_unstarted_in<'c, E: sqlx::PgExecutor<'c>>(
+    executor: E,
+    instance: InstanceId,
+    ids: &[Uuid],
+) -> Result<u64, StoreError> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let n: i32 = sqlx::query_scalar("SELECT release_unstarted_leases($1, $2)")
+        .bind(instance.0)
+        .bind(ids)
+        .fetch_one(executor)
         .await
         .map_err(map_db_error)?;
     Ok(n as u64)

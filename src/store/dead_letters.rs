@@ -137,18 +137,7 @@ impl Store {
         error_text: &str,
         instance: Option<InstanceId>,
     ) -> Result<MoveOutcome, StoreError> {
-        let id: Option<Uuid> =
-            sqlx::query_scalar("SELECT move_to_dead_letters($1, $2, $3, $4, $5, $6)")
-                .bind(Uuid::new_v4())
-                .bind(SOURCE_TABLE)
-                .bind(work_id)
-                .bind(reason)
-                .bind(error_text)
-                .bind(instance.map(|i| i.0))
-                .fetch_one(&self.pool)
-                .await
-                .map_err(map_db_error)?;
-        Ok(id.map_or(MoveOutcome::AlreadyGone, MoveOutcome::Moved))
+        move_to_dead_letters_in(&self.pool, work_id, reason, error_text, instance).await
     }
 
     /// Open (`exhausted`) dead letters, optionally of one perspective, by perspective and position.
@@ -259,4 +248,25 @@ pub async fn resolve_dead_letter_in(
         .fetch_one(conn)
         .await
         .map_err(map_db_error)
+}
+
+/// Moves a work row to the dead letters on any executor (e.g. the batch's transaction).
+pub async fn move_to_dead_letters_in<'c, E: sqlx::PgExecutor<'c>>(
+    executor: E,
+    work_id: Uuid,
+    reason: &str,
+    error_text: &str,
+    instance: Option<InstanceId>,
+) -> Result<MoveOutcome, StoreError> {
+    let id: Option<Uuid> = sqlx::query_scalar("SELECT move_to_dead_letters($1, $2, $3, $4, $5, $6)")
+        .bind(Uuid::new_v4())
+        .bind(SOURCE_TABLE)
+        .bind(work_id)
+        .bind(reason)
+        .bind(error_text)
+        .bind(instance.map(|i| i.0))
+        .fetch_one(executor)
+        .await
+        .map_err(map_db_error)?;
+    Ok(id.map_or(MoveOutcome::AlreadyGone, MoveOutcome::Moved))
 }

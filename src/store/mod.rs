@@ -8,11 +8,14 @@ mod claims;
 mod dead_letters;
 mod events;
 mod instances;
+mod operator;
 mod status;
 
-pub use claims::{complete_in, ClaimedHead, WorkRow};
+pub use claims::{
+    complete_in, record_failure_in, release_unstarted_in, ClaimedHead, WorkRow,
+};
 pub use dead_letters::{
-    resolve_dead_letter_in, DeadLetter, DeadLetterStatus, HistoryEntry, MoveOutcome, FAILURE_MAX_ATTEMPTS,
+    move_to_dead_letters_in, resolve_dead_letter_in, DeadLetter, DeadLetterStatus, HistoryEntry, MoveOutcome, FAILURE_MAX_ATTEMPTS,
     FAILURE_PERMANENT, SOURCE_TABLE,
 };
 pub use events::{append_events_in, AppendedEvent, NewEvent, PerspectiveRecord, StoredEvent};

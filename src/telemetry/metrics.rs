@@ -58,3 +58,86 @@ pub const ALL: &[&str] = &[
     INSTANCES_LIVE,
     BUILD_INFO,
 ];
+
+/// Registers the help text and unit of every metric in [`ALL`] with the installed recorder
+/// (the `# HELP` lines of `/metrics`). Call it after installing the recorder; calling it again
+/// is harmless (the first description wins). Units are metadata only: names already carry
+/// their unit suffix, so the exporter must not append one.
+pub fn describe_all() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+
+    describe_counter!(
+        DEAD_LETTER_MOVES_TOTAL,
+        Unit::Count,
+        "Work rows moved to the dead letters, by perspective and reason."
+    );
+    describe_counter!(
+        DEAD_LETTER_MOVE_ERRORS_TOTAL,
+        Unit::Count,
+        "Dead-letter moves that failed with a database error (the row stayed in the apply set)."
+    );
+    describe_counter!(
+        EVENTS_CLAIMED_TOTAL,
+        Unit::Count,
+        "Work rows claimed, by perspective."
+    );
+    describe_counter!(
+        EVENTS_APPLIED_TOTAL,
+        Unit::Count,
+        "Events applied and completed, by perspective."
+    );
+    describe_counter!(
+        APPLY_FAILURES_TOTAL,
+        Unit::Count,
+        "Apply failures recorded, by perspective."
+    );
+    describe_counter!(
+        COOLDOWN_SKIPS_TOTAL,
+        Unit::Count,
+        "Rows completed without re-applying because their work id was cooled, by perspective."
+    );
+    describe_counter!(
+        LEASE_TAKEOVERS_TOTAL,
+        Unit::Count,
+        "Lane heads taken over from a lapsed or dead holder or from nobody, by perspective."
+    );
+    describe_counter!(
+        LEASES_RELEASED_TOTAL,
+        Unit::Count,
+        "Claimed rows given back unstarted, with a refund of their attempt."
+    );
+    describe_histogram!(
+        APPLY_DURATION_SECONDS,
+        Unit::Seconds,
+        "Time to apply one event, by perspective."
+    );
+    describe_histogram!(
+        CLAIM_DURATION_SECONDS,
+        Unit::Seconds,
+        "Time of one claim round (orphan claim and stream fetch)."
+    );
+    describe_gauge!(
+        BACKLOG_EVENTS,
+        Unit::Count,
+        "Work rows waiting (pending, leased and parked), by perspective."
+    );
+    describe_gauge!(
+        DEAD_LETTERS,
+        Unit::Count,
+        "Open (exhausted) dead letters, by perspective."
+    );
+    describe_gauge!(
+        OLDEST_PENDING_AGE_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest waiting work row, by perspective."
+    );
+    describe_gauge!(
+        INSTANCES_LIVE,
+        Unit::Count,
+        "Registered, heartbeating vantage instances."
+    );
+    describe_gauge!(
+        BUILD_INFO,
+        "Build information (always 1), labelled with the version."
+    );
+}

@@ -1,0 +1,58 @@
+//! A consumer loop: drain while there is work, then wait for a notification, the poll tick, or
+//! shutdown. A database error never ends the loop: it backs off and tries again.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::pipeline::Pipeline;
+
+/// Runs one consumer loop until `shutdown`. A batch in progress is finished before it returns.
+pub async fn run(
+    id: usize,
+    pipeline: Pipeline,
+    mut wake: watch::Receiver<u64>,
+    poll_interval: Duration,
+    shutdown: CancellationToken,
+    beat: impl Fn() + Send,
+) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        beat();
+        if shutdown.is_cancelled() {
+            break;
+        }
+        // Seen before claiming: a notification from now on wakes the wait below at once.
+        wake.borrow_and_update();
+        match pipeline.drain_once().await {
+            Ok(outcome) if outcome.claimed > 0 => {
+                backoff = Duration::from_millis(100);
+                tracing::debug!(consumer = id, ?outcome, "batch done");
+                // Let other tasks (renewal, HTTP) in between busy batches.
+                tokio::task::yield_now().await;
+            }
+            Ok(_) => {
+                backoff = Duration::from_millis(100);
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = wake.changed() => {}
+                    _ = tokio::time::sleep(poll_interval) => {}
+                }
+            }
+            Err(error) => {
+                if error.is_database_unavailable() {
+                    tracing::warn!(consumer = id, %error, retry_in = ?backoff, "database unavailable; backing off");
+                } else {
+                    tracing::error!(consumer = id, %error, retry_in = ?backoff, "drain pass failed; backing off");
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+    tracing::debug!(consumer = id, "consumer loop stopped");
+}

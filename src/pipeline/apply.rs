@@ -1,0 +1,410 @@
+//! The apply stage: run handlers in stream order per lane, and complete the work rows in the
+//! same transaction as the handlers' writes (exactly-once effects for SQL perspectives).
+//!
+//! A batch is first applied optimistically in one transaction with no savepoints (one round
+//! trip per event plus begin/complete/commit). If any handler fails, that transaction is rolled
+//! back and the batch is applied again carefully, one savepoint per event, so that in one pass:
+//! - a retryable failure charges only the failing row (failures + 1, parked for the backoff)
+//!   and gives the rows behind it in its lane back unstarted, with a refund;
+//! - a permanent failure dead-letters the row at once (`PermanentFailure`) and the lane goes on;
+//! - every other row is applied and completed.
+//!
+//! The cooldown cache is checked before each apply and marked right after a successful one.
+//! For perspectives whose effects all go through the transaction, a rolled-back mark is
+//! forgotten again (their effects were rolled back too).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sqlx::Acquire;
+use uuid::Uuid;
+
+use super::backoff::retry_delay;
+use super::cooldown::CooldownCache;
+use super::envelope::EventEnvelope;
+use crate::perspective::{ApplyError, Perspective, PerspectiveRegistry};
+use crate::store::{
+    complete_in, move_to_dead_letters_in, record_failure_in, release_unstarted_in, InstanceId,
+    MoveOutcome, Store, StoreError, FAILURE_PERMANENT,
+};
+use crate::telemetry::metrics as m;
+
+/// Everything the apply stage needs.
+#[derive(Clone)]
+pub struct ApplyContext {
+    /// The database.
+    pub store: Store,
+    /// Our lease holder id.
+    pub instance: InstanceId,
+    /// Handlers by perspective name.
+    pub registry: PerspectiveRegistry,
+    /// The cooldown cache (None when disabled).
+    pub cooldown: Option<Arc<CooldownCache>>,
+    /// `worker.retry_backoff_base`.
+    pub backoff_base: Duration,
+    /// `worker.retry_backoff_max`.
+    pub backoff_max: Duration,
+    /// `worker.max_perspective_event_attempts`, for log lines.
+    pub max_attempts: Option<u32>,
+}
+
+/// What happened to one batch.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// Events applied and completed.
+    pub applied: usize,
+    /// Rows completed without re-applying (cooled).
+    pub cooled: usize,
+    /// Rows whose failure was recorded (parked).
+    pub failed: usize,
+    /// Rows dead-lettered for a permanent failure.
+    pub dead_lettered: usize,
+    /// Rows given back unstarted (behind a failure, or after a lost lease).
+    pub released: usize,
+    /// A lease was lost: the whole transaction was rolled back and our rows given back.
+    pub lease_lost: bool,
+}
+
+/// Why a batch could not be applied at all. The caller gives the rows back with a refund.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyBatchError {
+    /// The database failed (connection lost, commit failed): nobody is charged.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A handler reported the database unavailable.
+    #[error("database unavailable while applying: {0}")]
+    Unavailable(String),
+}
+
+impl From<sqlx::Error> for ApplyBatchError {
+    fn from(e: sqlx::Error) -> Self {
+        ApplyBatchError::Store(StoreError::Database(e))
+    }
+}
+
+/// One lane's events, in stream_version order, with its handler.
+struct Lane {
+    perspective: Arc<dyn Perspective>,
+    events: Vec<EventEnvelope>,
+}
+
+fn lanes(ctx: &ApplyContext, events: Vec<EventEnvelope>) -> (Vec<Lane>, Vec<Uuid>) {
+    let mut lanes: Vec<Lane> = Vec::new();
+    let mut unhandled = Vec::new();
+    for ev in events {
+        let Some(perspective) = ctx.registry.get(&ev.perspective_name) else {
+            // Claims are filtered by our perspective names, so this is a row we should not hold.
+            unhandled.push(ev.event_work_id);
+            continue;
+        };
+        match lanes.last_mut() {
+            Some(lane)
+                if lane.events[0].stream_id == ev.stream_id
+                    && lane.events[0].perspective_name == ev.perspective_name =>
+            {
+                lane.events.push(ev)
+            }
+            _ => lanes.push(Lane {
+                perspective: Arc::clone(perspective),
+                events: vec![ev],
+            }),
+        }
+    }
+    (lanes, unhandled)
+}
+
+/// Per-perspective counters, published once per batch.
+#[derive(Default)]
+struct Tally {
+    applied: BTreeMap<String, u64>,
+    cooled: BTreeMap<String, u64>,
+    failures: BTreeMap<String, u64>,
+}
+
+impl Tally {
+    fn publish(self) {
+        for (p, n) in self.applied {
+            metrics::counter!(m::EVENTS_APPLIED_TOTAL, m::LABEL_PERSPECTIVE => p).increment(n);
+        }
+        for (p, n) in self.cooled {
+            metrics::counter!(m::COOLDOWN_SKIPS_TOTAL, m::LABEL_PERSPECTIVE => p).increment(n);
+        }
+        for (p, n) in self.failures {
+            metrics::counter!(m::APPLY_FAILURES_TOTAL, m::LABEL_PERSPECTIVE => p).increment(n);
+        }
+    }
+}
+
+/// Marks made during one transaction, to forget again if it does not commit.
+#[derive(Default)]
+struct Marks(Vec<Uuid>);
+
+impl Marks {
+    fn mark(&mut self, ctx: &ApplyContext, perspective: &dyn Perspective, id: Uuid) {
+        if let Some(cache) = &ctx.cooldown {
+            cache.mark(id);
+            if perspective.effects_in_transaction() {
+                self.0.push(id);
+            }
+        }
+    }
+
+    fn forget(self, ctx: &ApplyContext) {
+        if let Some(cache) = &ctx.cooldown {
+            for id in self.0 {
+                cache.forget(id);
+            }
+        }
+    }
+}
+
+fn is_cooled(ctx: &ApplyContext, id: Uuid) -> bool {
+    ctx.cooldown.as_ref().is_some_and(|c| c.is_cooled(id))
+}
+
+async fn timed_apply(
+    perspective: &dyn Perspective,
+    ev: &EventEnvelope,
+    conn: &mut sqlx::PgConnection,
+) -> Result<(), ApplyError> {
+    let started = Instant::now();
+    let result = perspective.apply(ev, conn).await;
+    metrics::histogram!(m::APPLY_DURATION_SECONDS, m::LABEL_PERSPECTIVE => ev.perspective_name.clone())
+        .record(started.elapsed().as_secs_f64());
+    result
+}
+
+/// Applies one batch of typed events (all leased to us, ordered by stream, perspective,
+/// stream_version).
+pub async fn apply_batch(
+    ctx: &ApplyContext,
+    events: Vec<EventEnvelope>,
+) -> Result<BatchOutcome, ApplyBatchError> {
+    let (lanes, unhandled) = lanes(ctx, events);
+    let mut outcome = BatchOutcome::default();
+    if !unhandled.is_empty() {
+        outcome.released += ctx.store.release_unstarted(ctx.instance, &unhandled).await? as usize;
+    }
+    if lanes.is_empty() {
+        return Ok(outcome);
+    }
+    match apply_fast(ctx, &lanes).await? {
+        Some(fast) => {
+            outcome.applied += fast.applied;
+            outcome.cooled += fast.cooled;
+            outcome.released += fast.released;
+            outcome.lease_lost = fast.lease_lost;
+            Ok(outcome)
+        }
+        None => {
+            let careful = apply_careful(ctx, &lanes).await?;
+            outcome.applied += careful.applied;
+            outcome.cooled += careful.cooled;
+            outcome.failed += careful.failed;
+            outcome.dead_lettered += careful.dead_lettered;
+            outcome.released += careful.released;
+            outcome.lease_lost = careful.lease_lost;
+            Ok(outcome)
+        }
+    }
+}
+
+/// Every event in one transaction, no savepoints. `None` = a handler failed (rolled back).
+async fn apply_fast(
+    ctx: &ApplyContext,
+    lanes: &[Lane],
+) -> Result<Option<BatchOutcome>, ApplyBatchError> {
+    let mut tx = ctx.store.pool().begin().await?;
+    let mut marks = Marks::default();
+    let mut tally = Tally::default();
+    let mut done = Vec::new();
+    let mut outcome = BatchOutcome::default();
+    for lane in lanes {
+        for ev in &lane.events {
+            if is_cooled(ctx, ev.event_work_id) {
+                *tally.cooled.entry(ev.perspective_name.clone()).or_default() += 1;
+                outcome.cooled += 1;
+                done.push(ev.event_work_id);
+                continue;
+            }
+            match timed_apply(lane.perspective.as_ref(), ev, &mut tx).await {
+                Ok(()) => {
+                    marks.mark(ctx, lane.perspective.as_ref(), ev.event_work_id);
+                    *tally.applied.entry(ev.perspective_name.clone()).or_default() += 1;
+                    outcome.applied += 1;
+                    done.push(ev.event_work_id);
+                }
+                Err(ApplyError::Unavailable(reason)) => {
+                    marks.forget(ctx);
+                    return Err(ApplyBatchError::Unavailable(reason));
+                }
+                Err(_) => {
+                    // Dropping `tx` rolls back; the careful pass sorts the batch out.
+                    drop(tx);
+                    marks.forget(ctx);
+                    return Ok(None);
+                }
+            }
+        }
+    }
+    finish(ctx, tx, marks, tally, done, outcome).await.map(Some)
+}
+
+/// Completes `done` in the transaction and commits; a lost lease rolls everything back.
+async fn finish(
+    ctx: &ApplyContext,
+    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    marks: Marks,
+    tally: Tally,
+    done: Vec<Uuid>,
+    mut outcome: BatchOutcome,
+) -> Result<BatchOutcome, ApplyBatchError> {
+    let completed = match complete_in(&mut tx, ctx.instance, &done).await {
+        Ok(n) => n,
+        Err(e) => {
+            marks.forget(ctx);
+            return Err(e.into());
+        }
+    };
+    if completed as usize != done.len() {
+        // Some row was taken over by another instance: our writes must not commit, or its new
+        // owner would apply them a second time.
+        drop(tx);
+        marks.forget(ctx);
+        let released = ctx.store.release_unstarted(ctx.instance, &done).await? as usize;
+        tracing::warn!(
+            expected = done.len(),
+            still_ours = completed,
+            "lost the lease of rows in flight; rolled the batch back and gave back the rest"
+        );
+        return Ok(BatchOutcome {
+            released: outcome.released + released,
+            lease_lost: true,
+            ..BatchOutcome::default()
+        });
+    }
+    if let Err(e) = tx.commit().await {
+        marks.forget(ctx);
+        return Err(e.into());
+    }
+    tally.publish();
+    outcome.lease_lost = false;
+    Ok(outcome)
+}
+
+/// One savepoint per event: charge only failing rows, dead-letter permanent failures.
+async fn apply_careful(ctx: &ApplyContext, lanes: &[Lane]) -> Result<BatchOutcome, ApplyBatchError> {
+    let mut tx = ctx.store.pool().begin().await?;
+    let mut marks = Marks::default();
+    let mut tally = Tally::default();
+    let mut done = Vec::new();
+    let mut outcome = BatchOutcome::default();
+    for lane in lanes {
+        for (i, ev) in lane.events.iter().enumerate() {
+            if is_cooled(ctx, ev.event_work_id) {
+                *tally.cooled.entry(ev.perspective_name.clone()).or_default() += 1;
+                outcome.cooled += 1;
+                done.push(ev.event_work_id);
+                continue;
+            }
+            let mut savepoint = tx.begin().await?;
+            let result = timed_apply(lane.perspective.as_ref(), ev, &mut savepoint).await;
+            match result {
+                Ok(()) => {
+                    savepoint.commit().await?;
+                    marks.mark(ctx, lane.perspective.as_ref(), ev.event_work_id);
+                    *tally.applied.entry(ev.perspective_name.clone()).or_default() += 1;
+                    outcome.applied += 1;
+                    done.push(ev.event_work_id);
+                }
+                Err(ApplyError::Unavailable(reason)) => {
+                    marks.forget(ctx);
+                    return Err(ApplyBatchError::Unavailable(reason));
+                }
+                Err(ApplyError::Permanent(error)) => {
+                    savepoint.rollback().await?;
+                    let moved = move_to_dead_letters_in(
+                        &mut *tx,
+                        ev.event_work_id,
+                        FAILURE_PERMANENT,
+                        &error,
+                        Some(ctx.instance),
+                    )
+                    .await;
+                    match moved {
+                        Ok(MoveOutcome::Moved(dead_letter_id)) => {
+                            log_permanent(ctx, ev, &error, dead_letter_id);
+                            outcome.dead_lettered += 1;
+                        }
+                        Ok(MoveOutcome::AlreadyGone) => {}
+                        Err(e) => {
+                            marks.forget(ctx);
+                            return Err(e.into());
+                        }
+                    }
+                }
+                Err(ApplyError::Retryable(error)) => {
+                    savepoint.rollback().await?;
+                    let failures = u32::try_from(ev.failures).unwrap_or(0).saturating_add(1);
+                    let delay = retry_delay(failures, ctx.backoff_base, ctx.backoff_max);
+                    if let Err(e) =
+                        record_failure_in(&mut *tx, ctx.instance, ev.event_work_id, &error, delay)
+                            .await
+                    {
+                        marks.forget(ctx);
+                        return Err(e.into());
+                    }
+                    tracing::info!(
+                        perspective = %ev.perspective_name,
+                        stream_id = %ev.stream_id,
+                        event_id = %ev.event_id,
+                        global_position = ev.global_position,
+                        attempts = ev.attempts,
+                        failures,
+                        retry_in = ?delay,
+                        %error,
+                        "apply failed; the event is parked and will be retried"
+                    );
+                    *tally.failures.entry(ev.perspective_name.clone()).or_default() += 1;
+                    outcome.failed += 1;
+                    // The rows behind it wait, uncharged.
+                    let behind: Vec<Uuid> =
+                        lane.events[i + 1..].iter().map(|e| e.event_work_id).collect();
+                    match release_unstarted_in(&mut *tx, ctx.instance, &behind).await {
+                        Ok(n) => outcome.released += n as usize,
+                        Err(e) => {
+                            marks.forget(ctx);
+                            return Err(e.into());
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    let result = finish(ctx, tx, marks, tally, done, outcome).await?;
+    if !result.lease_lost && result.released > 0 {
+        metrics::counter!(m::LEASES_RELEASED_TOTAL).increment(result.released as u64);
+    }
+    Ok(result)
+}
+
+fn log_permanent(ctx: &ApplyContext, ev: &EventEnvelope, error: &str, dead_letter_id: Uuid) {
+    tracing::warn!(
+        perspective = %ev.perspective_name,
+        stream_id = %ev.stream_id,
+        event_id = %ev.event_id,
+        global_position = ev.global_position,
+        attempts = ev.attempts,
+        max_attempts = ?ctx.max_attempts,
+        reason = FAILURE_PERMANENT,
+        %dead_letter_id,
+        %error,
+        "event dead-lettered: its handler reported a permanent failure"
+    );
+    metrics::counter!(m::DEAD_LETTER_MOVES_TOTAL,
+        m::LABEL_PERSPECTIVE => ev.perspective_name.clone(),
+        m::LABEL_REASON => FAILURE_PERMANENT)
+    .increment(1);
+}
