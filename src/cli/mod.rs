@@ -4,6 +4,7 @@
 
 pub mod append;
 pub mod config_cmd;
+pub mod demo;
 pub mod dlq;
 pub mod exit;
 pub mod migrate;
@@ -59,7 +60,7 @@ pub enum Command {
     /// Apply the database migrations, print what was applied, and exit.
     Migrate,
     /// The newcomer's first command: a local database, sample orders, a drain, dead letters.
-    Demo(DemoArgs),
+    Demo(demo::DemoArgs),
     /// Append events from JSON lines (stdin or --file); all or nothing.
     Append(append::AppendArgs),
     /// Per perspective: pending, leased, parked, dead-lettered, oldest pending age; instances.
@@ -75,23 +76,13 @@ pub enum Command {
     Config(config_cmd::ConfigCommand),
 }
 
-/// Options of `vantage demo`.
-#[derive(Debug, Clone, Args)]
-pub struct DemoArgs {
-    /// Exit after the drain instead of running until Ctrl-C.
-    #[arg(long)]
-    pub once: bool,
-}
 
 /// Runs a parsed command line; returns the process exit code.
 pub async fn run(cli: Cli) -> i32 {
     match cli.command {
         Command::Run => crate::daemon::run_command(&cli.global).await,
         Command::Migrate => migrate::run(&cli.global).await,
-        Command::Demo(_) => {
-            eprintln!("vantage demo: not yet implemented");
-            exit::FAILURE
-        }
+        Command::Demo(args) => demo::run(&cli.global, args).await,
         Command::Append(args) => append::run(&cli.global, args).await,
         Command::Status(args) => status::run(&cli.global, args).await,
         Command::Perspectives(cmd) => perspectives::run(&cli.global, cmd).await,
