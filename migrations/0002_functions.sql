@@ -283,8 +283,9 @@ BEGIN
         RETURN;
     END IF;
     -- Read only a window of each lane: its fair share of the budget, with slack for short lanes.
-    v_per_lane := least(v_limit,
-        greatest(8, 2 * ceil(v_limit::numeric / (cardinality(p_stream_ids) * cardinality(v_names)))::int));
+    -- (numeric arithmetic: with no p_max_rows the budget is int's maximum.)
+    v_per_lane := least(v_limit::numeric,
+        greatest(8, 2 * ceil(v_limit::numeric / (cardinality(p_stream_ids) * cardinality(v_names)))))::int;
 
     -- 1. Candidates: per lane, the leading rows that are ours or claimable (bool_and over the
     --    window keeps only the prefix before the first blocked row), ranked round-robin.

@@ -52,9 +52,28 @@ pub async fn heartbeat(
             }
             Err(error) => tracing::warn!(%error, "dead-instance cleanup failed"),
         }
-        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
     }
     beat.finish();
+}
+
+/// Pings the systemd watchdog (when `WatchdogSec=` is set) at half its interval, as long as
+/// every loop of the process is alive. Deliberately not tied to the database: a lost database
+/// is not fatal (SPEC §5), so systemd must not restart us for it.
+pub async fn systemd_watchdog(health: Health, shutdown: CancellationToken) {
+    let mut usec = 0;
+    if !sd_notify::watchdog_enabled(false, &mut usec) || usec == 0 {
+        return;
+    }
+    let mut tick = tokio::time::interval(Duration::from_micros(usec) / 2);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        if health.liveness().is_ok() {
+            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+        }
+    }
 }
 
 /// Renews the leases of rows in flight, so a slow apply never loses its lease.

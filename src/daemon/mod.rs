@@ -285,6 +285,10 @@ impl DaemonBuilder {
             stop_background.clone(),
             health.register_loop("lease-renewal", settings.worker.lease),
         ));
+        background.spawn(background::systemd_watchdog(
+            health.clone(),
+            stop_background.clone(),
+        ));
         background.spawn(background::sampler(
             store.clone(),
             health.clone(),

@@ -1,0 +1,759 @@
+//! The deploy artefacts (`deploy/`) against the code: every metric the Grafana dashboard and the
+//! Prometheus alerts use is one the daemon really exports on `/metrics`; the dashboard's data
+//! source is a variable; orchestrators wait longer than `worker.shutdown_grace`; the example
+//! configurations load; and the daemon's role from `privileges.sql` can do the daemon's work
+//! without being able to create anything.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::{Connection, PgConnection, Row};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+use vantage::config::{ConfigError, Settings};
+use vantage::store::{Store, StoreOptions};
+use vantage::telemetry::http::{self, Health, HttpState};
+use vantage::telemetry::metrics as m;
+use vantage::telemetry::recorder;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+fn read_deploy(rel: &str) -> String {
+    let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), "deploy", rel].iter().collect();
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+/// One HTTP/1.1 GET over a plain TCP stream: (status, head, body).
+async fn http_get(addr: SocketAddr, path: &str) -> (u16, String, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the HTTP server");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut raw))
+        .await
+        .expect("response within 10 s")
+        .expect("read");
+    let text = String::from_utf8(raw).expect("UTF-8 response");
+    let (head, body) = text.split_once("\r\n\r\n").expect("HTTP head and body");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status code in {head:?}"));
+    (status, head.to_owned(), body.to_owned())
+}
+
+/// Records one sample of every metric in [`m::ALL`], with the labels it carries in production.
+fn emit_every_metric() {
+    const P: &str = "deploy_artifacts_test";
+    for &name in m::ALL {
+        match name {
+            m::DEAD_LETTER_MOVES_TOTAL => {
+                metrics::counter!(name, m::LABEL_PERSPECTIVE => P, m::LABEL_REASON => "MaxAttemptsExceeded")
+                    .increment(1);
+            }
+            m::EVENTS_CLAIMED_TOTAL
+            | m::EVENTS_APPLIED_TOTAL
+            | m::APPLY_FAILURES_TOTAL
+            | m::COOLDOWN_SKIPS_TOTAL
+            | m::LEASE_TAKEOVERS_TOTAL => {
+                metrics::counter!(name, m::LABEL_PERSPECTIVE => P).increment(1);
+            }
+            m::DEAD_LETTER_MOVE_ERRORS_TOTAL | m::LEASES_RELEASED_TOTAL => {
+                metrics::counter!(name).increment(1);
+            }
+            m::APPLY_DURATION_SECONDS => {
+                metrics::histogram!(name, m::LABEL_PERSPECTIVE => P).record(0.004);
+            }
+            m::CLAIM_DURATION_SECONDS => metrics::histogram!(name).record(0.002),
+            m::BACKLOG_EVENTS | m::DEAD_LETTERS | m::OLDEST_PENDING_AGE_SECONDS => {
+                metrics::gauge!(name, m::LABEL_PERSPECTIVE => P).set(1.0);
+            }
+            m::INSTANCES_LIVE => metrics::gauge!(name).set(1.0),
+            // Set by recorder::install.
+            m::BUILD_INFO => {}
+            other => panic!(
+                "metric {other} is in metrics::ALL but this test does not know its kind: add it to \
+                 emit_every_metric (and to metrics::describe_all)"
+            ),
+        }
+    }
+}
+
+/// Every `vantage_*` identifier in a PromQL expression, as written (with `_bucket` etc.).
+fn vantage_tokens(expr: &str) -> BTreeSet<String> {
+    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|t| t.starts_with("vantage_"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The exported metric a token refers to: itself, or a histogram's series without its suffix.
+fn metric_of(token: &str) -> String {
+    if m::ALL.contains(&token) {
+        return token.to_owned();
+    }
+    for suffix in ["_bucket", "_sum", "_count"] {
+        if let Some(base) = token.strip_suffix(suffix) {
+            return base.to_owned();
+        }
+    }
+    token.to_owned()
+}
+
+/// Every PromQL expression of the dashboard: panel targets (`expr`) and variable queries.
+fn dashboard_exprs(dashboard: &Value) -> Vec<String> {
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(map) => {
+                for (k, v) in map {
+                    match (k.as_str(), v) {
+                        ("expr" | "definition", Value::String(s)) => out.push(s.clone()),
+                        _ => walk(v, out),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(dashboard, &mut out);
+    if let Some(vars) = dashboard["templating"]["list"].as_array() {
+        for var in vars.iter().filter(|v| v["type"] == "query") {
+            match &var["query"] {
+                Value::String(s) => out.push(s.clone()),
+                q => out.extend(q["query"].as_str().map(str::to_owned)),
+            }
+        }
+    }
+    out
+}
+
+/// The `expr:` values of a Prometheus rule file, single-line or block scalars (`|`, `>-`, …),
+/// without a YAML parser.
+fn alert_exprs(yaml: &str) -> Vec<String> {
+    let lines: Vec<&str> = yaml.lines().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        let trimmed = line.trim_start().trim_start_matches("- ");
+        i += 1;
+        let Some(value) = trimmed.strip_prefix("expr:") else {
+            continue;
+        };
+        let value = value.trim();
+        if value.starts_with('|') || value.starts_with('>') {
+            let key_indent = line.len() - line.trim_start().len();
+            let mut block = Vec::new();
+            while i < lines.len() {
+                let next = lines[i];
+                let indent = next.len() - next.trim_start().len();
+                if !next.trim().is_empty() && indent <= key_indent {
+                    break;
+                }
+                block.push(next.trim());
+                i += 1;
+            }
+            out.push(block.join("\n").trim().to_owned());
+        } else {
+            let unquoted = value
+                .strip_prefix('"')
+                .and_then(|v| v.strip_suffix('"'))
+                .or_else(|| value.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))
+                .unwrap_or(value);
+            out.push(unquoted.to_owned());
+        }
+    }
+    out
+}
+
+/// The value of `key: value` on the first line that has it (YAML or TOML-ish), trimmed.
+fn first_value<'a>(text: &'a str, key: &str, separator: char) -> Option<&'a str> {
+    text.lines().find_map(|line| {
+        let line = line.trim();
+        if line.starts_with('#') {
+            return None;
+        }
+        let (k, v) = line.split_once(separator)?;
+        (k.trim() == key).then(|| v.trim())
+    })
+}
+
+/// A systemd time span: bare seconds or humantime units (`45s`, `1min 30s`).
+fn systemd_duration(value: &str) -> Duration {
+    value
+        .parse::<u64>()
+        .map(Duration::from_secs)
+        .or_else(|_| humantime::parse_duration(value))
+        .unwrap_or_else(|e| panic!("cannot read systemd time span {value:?}: {e}"))
+}
+
+/// The literal block (`key: |`) under `key` in a YAML file, de-indented.
+fn yaml_block(yaml: &str, key: &str) -> String {
+    let lines: Vec<&str> = yaml.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.trim_start().starts_with(&format!("{key}: |")))
+        .unwrap_or_else(|| panic!("no `{key}: |` block"));
+    let key_indent = lines[start].len() - lines[start].trim_start().len();
+    let body: Vec<&str> = lines[start + 1..]
+        .iter()
+        .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > key_indent)
+        .copied()
+        .collect();
+    let indent = body
+        .iter()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.len() - l.trim_start().len())
+        .min()
+        .unwrap_or(0);
+    body.iter()
+        .map(|l| l.get(indent..).unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Metrics: exported, described, and the only ones dashboards and alerts use
+
+#[tokio::test]
+async fn dashboard_and_alerts_use_only_metrics_the_daemon_exports() {
+    let handle = recorder::install().expect("install the recorder");
+    emit_every_metric();
+
+    let health = Health::new();
+    let (listener, addr) = http::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .expect("bind port 0");
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(http::serve_on(
+        listener,
+        HttpState::new(handle, health),
+        shutdown.clone(),
+    ));
+    let (status, head, scrape) = http_get(addr, "/metrics").await;
+    shutdown.cancel();
+    server
+        .await
+        .expect("server task")
+        .expect("server stops cleanly");
+
+    assert_eq!(status, 200, "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    for name in m::ALL {
+        assert!(
+            scrape.contains(&format!("# TYPE {name} ")),
+            "{name} is missing from /metrics:\n{scrape}"
+        );
+        assert!(
+            scrape.contains(&format!("# HELP {name} ")),
+            "{name} has no description (metrics::describe_all)"
+        );
+    }
+    for name in [m::APPLY_DURATION_SECONDS, m::CLAIM_DURATION_SECONDS] {
+        assert!(
+            scrape.contains(&format!("# TYPE {name} histogram")),
+            "{name} must be a Prometheus histogram (explicit buckets), not a summary"
+        );
+    }
+
+    let dashboard: Value = serde_json::from_str(&read_deploy("grafana/vantage-dashboard.json"))
+        .expect("dashboard JSON");
+    let alerts = read_deploy("prometheus/vantage-alerts.yaml");
+    let sources = [
+        (
+            "grafana/vantage-dashboard.json",
+            dashboard_exprs(&dashboard),
+        ),
+        ("prometheus/vantage-alerts.yaml", alert_exprs(&alerts)),
+    ];
+    let mut used = BTreeSet::new();
+    for (file, exprs) in &sources {
+        assert!(!exprs.is_empty(), "no PromQL expressions found in {file}");
+        for expr in exprs {
+            for token in vantage_tokens(expr) {
+                let metric = metric_of(&token);
+                assert!(
+                    m::ALL.contains(&metric.as_str()),
+                    "{file} uses {token}, which is not a vantage metric (metrics::ALL): {expr}"
+                );
+                assert!(
+                    scrape.lines().any(|l| l.starts_with(&token)),
+                    "{file} uses {token}, which /metrics does not expose: {expr}"
+                );
+                used.insert(metric);
+            }
+        }
+    }
+    // The dashboard alone covers what SPEC §5 asks of it.
+    let dashboard_text = dashboard_exprs(&dashboard).join("\n");
+    for needed in [
+        m::EVENTS_APPLIED_TOTAL,
+        m::BACKLOG_EVENTS,
+        m::OLDEST_PENDING_AGE_SECONDS,
+        m::DEAD_LETTER_MOVES_TOTAL,
+        m::DEAD_LETTERS,
+        m::APPLY_DURATION_SECONDS,
+        m::CLAIM_DURATION_SECONDS,
+        m::INSTANCES_LIVE,
+        m::DEAD_LETTER_MOVE_ERRORS_TOTAL,
+        m::APPLY_FAILURES_TOTAL,
+    ] {
+        assert!(
+            dashboard_text.contains(needed),
+            "the dashboard has no panel for {needed}"
+        );
+    }
+    let alert_text = alert_exprs(&alerts).join("\n");
+    for needed in [
+        m::DEAD_LETTER_MOVES_TOTAL,
+        m::OLDEST_PENDING_AGE_SECONDS,
+        m::INSTANCES_LIVE,
+        m::DEAD_LETTER_MOVE_ERRORS_TOTAL,
+    ] {
+        assert!(alert_text.contains(needed), "no alert rule uses {needed}");
+    }
+    assert!(
+        alert_text.contains(&format!("absent({})", m::INSTANCES_LIVE)),
+        "the no-live-instance alert must also fire when the metric is absent"
+    );
+    assert!(used.len() >= 10, "suspiciously few metrics used: {used:?}");
+}
+
+#[test]
+fn promql_helpers_find_metric_names() {
+    let expr = r#"histogram_quantile(0.99, sum by (le) (rate(vantage_apply_duration_seconds_bucket{perspective=~"$perspective"}[$__rate_interval])))"#;
+    let tokens = vantage_tokens(expr);
+    assert_eq!(
+        tokens.into_iter().collect::<Vec<_>>(),
+        ["vantage_apply_duration_seconds_bucket"]
+    );
+    assert_eq!(
+        metric_of("vantage_apply_duration_seconds_bucket"),
+        m::APPLY_DURATION_SECONDS
+    );
+    assert_eq!(metric_of(m::EVENTS_APPLIED_TOTAL), m::EVENTS_APPLIED_TOTAL);
+
+    let yaml = "rules:\n  - alert: A\n    expr: up == 0\n  - alert: B\n    expr: |\n      sum(x)\n      > 1\n    for: 5m\n  - expr: \"quoted\"\n";
+    assert_eq!(alert_exprs(yaml), ["up == 0", "sum(x)\n> 1", "quoted"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Grafana: the data source is a variable
+
+#[test]
+fn dashboard_datasource_is_a_template_variable() {
+    let dashboard: Value = serde_json::from_str(&read_deploy("grafana/vantage-dashboard.json"))
+        .expect("dashboard JSON");
+    let is_variable = |s: &str| s == "${datasource}" || s == "$datasource";
+
+    fn check(v: &Value, path: &str, is_variable: &dyn Fn(&str) -> bool, count: &mut usize) {
+        match v {
+            Value::Object(map) => {
+                for (k, v) in map {
+                    let here = format!("{path}.{k}");
+                    if k == "datasource" {
+                        *count += 1;
+                        let ok = match v {
+                            Value::String(s) => is_variable(s),
+                            Value::Object(ds) => {
+                                ds.get("uid")
+                                    .and_then(Value::as_str)
+                                    .is_some_and(is_variable)
+                                    && ds.get("type").and_then(Value::as_str) == Some("prometheus")
+                            }
+                            _ => false,
+                        };
+                        assert!(ok, "{here} is a hard-coded data source: {v}");
+                    } else if k == "uid" && path != "$" {
+                        panic!("{here}: a uid outside a datasource variable reference: {v}");
+                    } else {
+                        check(v, &here, is_variable, count);
+                    }
+                }
+            }
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    check(item, &format!("{path}[{i}]"), is_variable, count);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut count = 0;
+    check(&dashboard, "$", &is_variable, &mut count);
+    assert!(
+        count > 10,
+        "expected every panel and target to name the data source"
+    );
+    assert!(
+        dashboard.get("__inputs").is_none(),
+        "no import-time DS_ inputs"
+    );
+
+    let vars = dashboard["templating"]["list"]
+        .as_array()
+        .expect("templating variables");
+    let ds = vars
+        .iter()
+        .find(|v| v["name"] == "datasource")
+        .expect("a `datasource` variable");
+    assert_eq!(ds["type"], "datasource");
+    assert_eq!(ds["query"], "prometheus");
+    let perspective = vars
+        .iter()
+        .find(|v| v["name"] == "perspective")
+        .expect("a `perspective` variable");
+    assert!(perspective.to_string().contains(&format!(
+        "label_values({}, {})",
+        m::BACKLOG_EVENTS,
+        m::LABEL_PERSPECTIVE
+    )));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Orchestrators, configuration examples
+
+#[test]
+fn orchestrators_wait_longer_than_the_shutdown_grace() {
+    let default_grace = Settings::default().worker.shutdown_grace;
+    assert_eq!(default_grace, Duration::from_secs(30));
+
+    // Kubernetes.
+    let deployment = read_deploy("kubernetes/deployment.yaml");
+    let configured = Settings::from_toml_str(&yaml_block(
+        &read_deploy("kubernetes/configmap.yaml"),
+        "vantage.toml",
+    ))
+    .expect("the ConfigMap's vantage.toml is a valid configuration");
+    let grace: u64 = first_value(&deployment, "terminationGracePeriodSeconds", ':')
+        .expect("terminationGracePeriodSeconds")
+        .parse()
+        .expect("a number of seconds");
+    for shutdown_grace in [default_grace, configured.worker.shutdown_grace] {
+        assert!(
+            Duration::from_secs(grace) > shutdown_grace,
+            "terminationGracePeriodSeconds ({grace}) must exceed shutdown_grace ({shutdown_grace:?})"
+        );
+    }
+    for probe in [
+        "path: /healthz",
+        "path: /readyz",
+        "port: http-metrics",
+        "name: http-metrics",
+    ] {
+        assert!(
+            deployment.contains(probe),
+            "deployment.yaml lacks `{probe}`"
+        );
+    }
+    assert!(deployment.contains("containerPort: 9464"));
+    assert!(deployment.contains("value: \"0.0.0.0:9464\""));
+    assert!(deployment.contains("secretKeyRef"));
+    assert!(deployment.contains("mountPath: /etc/vantage"));
+
+    // systemd.
+    let unit = read_deploy("systemd/vantage.service");
+    let configured = Settings::from_toml_str(&read_deploy("systemd/vantage.toml.example"))
+        .expect("systemd/vantage.toml.example is a valid configuration");
+    assert_eq!(first_value(&unit, "Type", '='), Some("notify"));
+    let watchdog = systemd_duration(first_value(&unit, "WatchdogSec", '=').expect("WatchdogSec="));
+    assert!(watchdog > Duration::ZERO, "WatchdogSec must be set");
+    let stop =
+        systemd_duration(first_value(&unit, "TimeoutStopSec", '=').expect("TimeoutStopSec="));
+    for shutdown_grace in [default_grace, configured.worker.shutdown_grace] {
+        assert!(
+            stop > shutdown_grace,
+            "TimeoutStopSec ({stop:?}) must exceed shutdown_grace ({shutdown_grace:?})"
+        );
+    }
+    assert_eq!(first_value(&unit, "KillSignal", '='), Some("SIGTERM"));
+    assert_eq!(first_value(&unit, "Restart", '='), Some("on-failure"));
+    assert_eq!(
+        first_value(&unit, "RestartPreventExitStatus", '='),
+        Some(ConfigError::EXIT_CODE.to_string().as_str())
+    );
+    assert_eq!(
+        first_value(&unit, "ExecStart", '='),
+        Some("/usr/local/bin/vantage run --config /etc/vantage/vantage.toml")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL: the daemon's role is enough, and no more
+
+/// `url` with another user and password.
+fn as_role(url: &str, role: &str, password: &str) -> String {
+    let mut url = url::Url::parse(url).expect("database URL");
+    url.set_username(role).expect("set user");
+    url.set_password(Some(password)).expect("set password");
+    url.to_string()
+}
+
+fn is_permission_denied(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("42501"))
+}
+
+#[tokio::test]
+async fn privileges_sql_lets_the_daemon_work_without_owning_anything() {
+    let db = common::fresh_database().await;
+    let owner = Store::connect(&StoreOptions::for_url(&db.url))
+        .await
+        .expect("connect as the test's admin");
+    owner.migrate().await.expect("migrate as the owner");
+
+    // Roles are cluster-wide: give them names of their own for this run.
+    let suffix = &Uuid::new_v4().simple().to_string()[..10];
+    let daemon = format!("vt_daemon_{suffix}");
+    let producer = format!("vt_producer_{suffix}");
+    let operator = format!("vt_operator_{suffix}");
+    let password = Uuid::new_v4().simple().to_string();
+    let script = read_deploy("postgres/privileges.sql")
+        .replace("vantage_daemon", &daemon)
+        .replace("vantage_producer", &producer)
+        .replace("vantage_operator", &operator);
+    let mut admin = PgConnection::connect(&db.url)
+        .await
+        .expect("admin connection");
+    sqlx::raw_sql(&script)
+        .execute(&mut admin)
+        .await
+        .expect("privileges.sql runs");
+    // Idempotent: a second run (after the next migration) must succeed too.
+    sqlx::raw_sql(&script)
+        .execute(&mut admin)
+        .await
+        .expect("privileges.sql runs twice");
+    for role in [&daemon, &producer, &operator] {
+        sqlx::raw_sql(&format!("ALTER ROLE {role} PASSWORD '{password}'"))
+            .execute(&mut admin)
+            .await
+            .expect("set password");
+    }
+
+    let outcome = exercise_roles(&db.url, &daemon, &producer, &operator, &password).await;
+
+    owner.close().await;
+    for role in [&operator, &producer, &daemon] {
+        let _ = sqlx::raw_sql(&format!("DROP OWNED BY {role}; DROP ROLE IF EXISTS {role}"))
+            .execute(&mut admin)
+            .await;
+    }
+    let _ = admin.close().await;
+    outcome.unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// The daemon's and the producer's work under their own roles; `Err` names the step that failed.
+async fn exercise_roles(
+    url: &str,
+    daemon: &str,
+    producer: &str,
+    operator: &str,
+    password: &str,
+) -> Result<(), String> {
+    let step = |what: &'static str| move |e: sqlx::Error| format!("{what}: {e}");
+
+    // The daemon checks its schema like `vantage run` does.
+    let store = Store::connect(&StoreOptions::for_url(as_role(url, daemon, password)))
+        .await
+        .map_err(|e| format!("connect as the daemon role: {e}"))?;
+    store
+        .check_migrations()
+        .await
+        .map_err(|e| format!("check_migrations as the daemon role: {e}"))?;
+    let pool = store.pool();
+    let instance = Uuid::new_v4();
+    let superuser: bool =
+        sqlx::query_scalar("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+            .fetch_one(pool)
+            .await
+            .map_err(step("read rolsuper"))?;
+    if superuser {
+        return Err("the daemon role is a superuser".into());
+    }
+    sqlx::query("SELECT register_perspective('orders', ARRAY['OrderPlaced'])")
+        .execute(pool)
+        .await
+        .map_err(step("register_perspective"))?;
+    sqlx::query("SELECT heartbeat(p_instance_id => $1, p_service_name => 'vantage', p_host_name => 'test', p_process_id => 1, p_version => '0')")
+        .bind(instance)
+        .execute(pool)
+        .await
+        .map_err(step("heartbeat"))?;
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool)
+        .await
+        .map_err(step("LISTEN connection"))?;
+    listener
+        .listen("vantage_work")
+        .await
+        .map_err(step("LISTEN vantage_work"))?;
+
+    // A producer appends (function and plain INSERT); the fan-out runs with its privileges.
+    let mut prod = PgConnection::connect_with(
+        &StoreOptions::for_url(as_role(url, producer, password))
+            .connect_options()
+            .map_err(|e| e.to_string())?,
+    )
+    .await
+    .map_err(step("connect as the producer role"))?;
+    let stream = Uuid::new_v4();
+    sqlx::query(
+        r#"SELECT * FROM append_events($1, 0, '[{"event_type":"OrderPlaced","data":{"n":1}},{"event_type":"OrderPlaced","data":{"n":2}}]')"#,
+    )
+    .bind(stream)
+    .fetch_all(&mut prod)
+    .await
+    .map_err(step("append_events as the producer"))?;
+    sqlx::query("INSERT INTO wh_event_store (stream_id, stream_version, event_type) VALUES ($1, 3, 'OrderPlaced')")
+        .bind(stream)
+        .execute(&mut prod)
+        .await
+        .map_err(step("plain INSERT as the producer"))?;
+    let _ = prod.close().await;
+    tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .map_err(|_| "no vantage_work notification within 10 s".to_owned())?
+        .map_err(step("NOTIFY"))?;
+
+    // The daemon drains: claim, fetch, renew, complete, fail, release, dead-letter.
+    sqlx::query("SELECT * FROM claim_orphaned_perspective_events(p_instance_id => $1, p_lease_seconds => 60, p_max_streams => 10, p_max_rows => 100)")
+        .bind(instance)
+        .fetch_all(pool)
+        .await
+        .map_err(step("claim_orphaned_perspective_events"))?;
+    let rows = sqlx::query("SELECT event_work_id, event_type, event_data FROM get_stream_events(p_instance_id => $1, p_stream_ids => ARRAY[$2]::uuid[], p_lease_seconds => 60, p_max_rows => 100)")
+        .bind(instance)
+        .bind(stream)
+        .fetch_all(pool)
+        .await
+        .map_err(step("get_stream_events"))?;
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.get("event_work_id")).collect();
+    if ids.len() != 3 {
+        return Err(format!(
+            "expected 3 work rows leased to the daemon, got {}",
+            ids.len()
+        ));
+    }
+    let calls: [(&'static str, &str); 4] = [
+        ("renew_leases", "SELECT renew_leases($1, $2, 60)"),
+        (
+            "complete_perspective_events",
+            "SELECT complete_perspective_events($1, ($2)[1:1])",
+        ),
+        (
+            "record_perspective_event_failure",
+            "SELECT record_perspective_event_failure($1, ($2)[2], 'boom', 1)",
+        ),
+        (
+            "release_unstarted_leases",
+            "SELECT release_unstarted_leases($1, ($2)[3:3])",
+        ),
+    ];
+    for (what, sql) in calls {
+        sqlx::query(sql)
+            .bind(instance)
+            .bind(&ids)
+            .execute(pool)
+            .await
+            .map_err(step(what))?;
+    }
+    let dead_letter: Option<Uuid> = sqlx::query_scalar(
+        "SELECT move_to_dead_letters(gen_random_uuid(), 'wh_perspective_events', $1, 'MaxAttemptsExceeded', 'test', $2)",
+    )
+    .bind(ids[2])
+    .bind(instance)
+    .fetch_one(pool)
+    .await
+    .map_err(step("move_to_dead_letters"))?;
+    let dead_letter = dead_letter.ok_or("move_to_dead_letters returned NULL")?;
+
+    // What the metrics sampler and `vantage status` read.
+    for (what, sql) in [
+        (
+            "read wh_perspective_events",
+            "SELECT count(*) FROM wh_perspective_events",
+        ),
+        (
+            "read wh_dead_letters",
+            "SELECT count(*) FROM wh_dead_letters WHERE status = 'exhausted'",
+        ),
+        (
+            "read wh_dead_letter_history",
+            "SELECT count(*) FROM wh_dead_letter_history",
+        ),
+        (
+            "read wh_service_instances",
+            "SELECT count(*) FROM wh_service_instances",
+        ),
+        (
+            "read wh_perspectives",
+            "SELECT count(*) FROM wh_perspectives",
+        ),
+        ("read wh_event_store", "SELECT count(*) FROM wh_event_store"),
+    ] {
+        sqlx::query(sql).fetch_one(pool).await.map_err(step(what))?;
+    }
+
+    // ... and nothing more: no DDL, no writing events.
+    match sqlx::query("CREATE TABLE wh_not_allowed (x int)")
+        .execute(pool)
+        .await
+    {
+        Err(e) if is_permission_denied(&e) => {}
+        other => return Err(format!("the daemon role could create a table: {other:?}")),
+    }
+    match sqlx::query("INSERT INTO wh_event_store (stream_id, stream_version, event_type) VALUES (gen_random_uuid(), 1, 'X')")
+        .execute(pool)
+        .await
+    {
+        Err(e) if is_permission_denied(&e) => {}
+        other => return Err(format!("the daemon role could write events: {other:?}")),
+    }
+
+    // An operator requeues the dead letter.
+    let mut op = PgConnection::connect_with(
+        &StoreOptions::for_url(as_role(url, operator, password))
+            .connect_options()
+            .map_err(|e| e.to_string())?,
+    )
+    .await
+    .map_err(step("connect as the operator role"))?;
+    let requeued: bool = sqlx::query_scalar("SELECT requeue_dead_letter($1, 'test')")
+        .bind(dead_letter)
+        .fetch_one(&mut op)
+        .await
+        .map_err(step("requeue_dead_letter as the operator"))?;
+    let _ = op.close().await;
+    if !requeued {
+        return Err("requeue_dead_letter returned false".into());
+    }
+
+    // Shutdown and cleanup.
+    sqlx::query("SELECT cleanup_dead_instances(3600)")
+        .execute(pool)
+        .await
+        .map_err(step("cleanup_dead_instances"))?;
+    sqlx::query("SELECT deregister_instance($1)")
+        .bind(instance)
+        .execute(pool)
+        .await
+        .map_err(step("deregister_instance"))?;
+    drop(listener);
+    store.close().await;
+    Ok(())
+}
