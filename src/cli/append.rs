@@ -1,15 +1,381 @@
-//! `vantage append`.
+//! `vantage append`: a producer tool for scripts and demos.
+//!
+//! Input: JSON lines (stdin, or `--file`), one event each:
+//! `{"stream_id": uuid, "event_type": str, "data": any, "metadata"?: object,
+//!   "expected_version"?: int, "event_id"?: uuid}`; blank lines are skipped.
+//!
+//! All or nothing: every line is parsed and checked before anything is written, and the events
+//! are appended in one transaction. Consecutive lines of one stream are appended by one
+//! `append_events` call, in input order; a line carrying `expected_version` starts a new call,
+//! so its check sees every earlier line of the input. A malformed line or a version conflict
+//! is reported as `line N: …` on stderr, exit 2, and nothing is written.
+//!
+//! The summary `Appended N event(s) to M stream(s).` goes to stdout (it is the command's
+//! result); with `--json`, stdout carries the envelope with every event's position instead.
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::{IsTerminal, Read};
+
 use clap::Args;
+use serde_json::{json, Map, Value};
+use uuid::Uuid;
+
+use super::output::{self, Failure, Ui};
 use super::{exit, GlobalArgs};
+use crate::store::{append_events_in, NewEvent, StoreError};
+
 /// Options of `vantage append`.
 #[derive(Debug, Clone, Args)]
 pub struct AppendArgs {
     /// Read JSON lines from this file instead of stdin.
     #[arg(long)]
     pub file: Option<std::path::PathBuf>,
+    /// One JSON object on stdout, with the position of every appended event.
+    #[arg(long)]
+    pub json: bool,
 }
-/// Runs `vantage append`.
-pub async fn run(_global: &GlobalArgs, _args: AppendArgs) -> i32 {
-    eprintln!("vantage append: not yet implemented");
-    exit::FAILURE
+
+/// The keys an input line may have.
+const KEYS: &[&str] = &[
+    "stream_id",
+    "event_type",
+    "data",
+    "metadata",
+    "expected_version",
+    "event_id",
+];
+
+/// One valid input line.
+#[derive(Debug, Clone, PartialEq)]
+struct Line {
+    /// 1-based line number in the input.
+    number: usize,
+    stream_id: Uuid,
+    expected_version: Option<i32>,
+    event: NewEvent,
+}
+
+/// Runs `vantage append`. Exit 0; 2 for malformed input, a version conflict, or a database
+/// error (nothing written); 78 for invalid configuration.
+pub async fn run(global: &GlobalArgs, args: AppendArgs) -> i32 {
+    let ui = Ui::new(args.json);
+    let result = async {
+        let settings = global
+            .load_settings()
+            .map_err(|e| Failure::with_code(exit::CONFIG, e.to_string()))?;
+        let input = read_input(&args).await?;
+        // Everything is checked before the database is even contacted.
+        let lines = parse(&input).map_err(Failure::usage)?;
+        let store = output::connect(&settings).await?;
+        let result = append(&store, &lines).await;
+        store.close().await;
+        let appended = result?;
+
+        let streams: BTreeSet<Uuid> = lines.iter().map(|l| l.stream_id).collect();
+        ui.say(format!(
+            "Appended {} event(s) to {} stream(s).",
+            lines.len(),
+            streams.len()
+        ));
+        let events: Vec<Value> = lines
+            .iter()
+            .zip(&appended)
+            .map(|(line, a)| {
+                json!({
+                    "event_id": a.event_id.to_string(),
+                    "global_position": a.global_position,
+                    "line": line.number,
+                    "stream_id": line.stream_id.to_string(),
+                    "stream_version": a.stream_version,
+                })
+            })
+            .collect();
+        Ok(json!({"appended": lines.len(), "events": events, "streams": streams.len()}))
+    }
+    .await;
+    ui.finish(result)
+}
+
+async fn read_input(args: &AppendArgs) -> Result<String, Failure> {
+    match &args.file {
+        Some(path) => tokio::fs::read_to_string(path)
+            .await
+            .map_err(|e| Failure::usage(format!("cannot read {}: {e}", path.display()))),
+        None => {
+            if std::io::stdin().is_terminal() {
+                // Otherwise a person would face a silent wait for end of input.
+                eprintln!("Reading JSON lines from stdin; end with Ctrl-D.");
+            }
+            read_stdin().await
+        }
+    }
+}
+
+async fn read_stdin() -> Result<String, Failure> {
+    tokio::task::spawn_blocking(|| {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s).map(|_| s)
+    })
+    .await
+    .map_err(|e| Failure::usage(format!("cannot read stdin: {e}")))?
+    .map_err(|e| Failure::usage(format!("cannot read stdin: {e}")))
+}
+
+/// Parses and checks every line; the first problem is `line N: …`.
+fn parse(input: &str) -> Result<Vec<Line>, String> {
+    let mut lines = Vec::new();
+    let mut event_ids: HashMap<Uuid, usize> = HashMap::new();
+    for (i, text) in input.lines().enumerate() {
+        let number = i + 1;
+        if text.trim().is_empty() {
+            continue;
+        }
+        let line = parse_line(number, text).map_err(|e| format!("line {number}: {e}"))?;
+        if let Some(id) = line.event.event_id {
+            if let Some(first) = event_ids.insert(id, number) {
+                return Err(format!(
+                    "line {number}: event_id {id} is already used on line {first}"
+                ));
+            }
+        }
+        lines.push(line);
+    }
+    Ok(lines)
+}
+
+fn parse_line(number: usize, text: &str) -> Result<Line, String> {
+    let value: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+    let Value::Object(mut obj) = value else {
+        return Err("expected a JSON object".to_owned());
+    };
+    if let Some(unknown) = obj.keys().find(|k| !KEYS.contains(&k.as_str())) {
+        return Err(format!(
+            "unknown key \"{unknown}\" (expected {})",
+            KEYS.join(", ")
+        ));
+    }
+    let stream_id =
+        uuid_field(&obj, "stream_id")?.ok_or_else(|| "missing \"stream_id\"".to_owned())?;
+    let event_type = match obj.get("event_type") {
+        Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
+        Some(Value::String(_)) => return Err("\"event_type\" is empty".to_owned()),
+        Some(other) => {
+            return Err(format!(
+                "\"event_type\" must be a string, not {}",
+                kind(other)
+            ))
+        }
+        None => return Err("missing \"event_type\"".to_owned()),
+    };
+    let data = obj
+        .remove("data")
+        .ok_or_else(|| "missing \"data\"".to_owned())?;
+    let metadata = match obj.remove("metadata") {
+        None | Some(Value::Null) => None,
+        Some(m @ Value::Object(_)) => Some(m),
+        Some(other) => {
+            return Err(format!(
+                "\"metadata\" must be an object, not {}",
+                kind(&other)
+            ))
+        }
+    };
+    let expected_version = match obj.get("expected_version") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_i64()
+                .filter(|n| (0..=i64::from(i32::MAX)).contains(n))
+                .map(|n| n as i32)
+                .ok_or_else(|| {
+                    format!("\"expected_version\" must be a non-negative integer, not {v}")
+                })?,
+        ),
+    };
+    let event_id = uuid_field(&obj, "event_id")?;
+    Ok(Line {
+        number,
+        stream_id,
+        expected_version,
+        event: NewEvent {
+            event_type,
+            data,
+            metadata,
+            event_id,
+        },
+    })
+}
+
+fn uuid_field(obj: &Map<String, Value>, key: &str) -> Result<Option<Uuid>, String> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Uuid::parse_str(s)
+            .map(Some)
+            .map_err(|e| format!("\"{key}\" is not a UUID ({s:?}: {e})")),
+        Some(other) => Err(format!(
+            "\"{key}\" must be a UUID string, not {}",
+            kind(other)
+        )),
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Runs of lines appended by one call: consecutive lines of one stream, a new run starting at
+/// every line that carries `expected_version`.
+fn groups(lines: &[Line]) -> Vec<&[Line]> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 1..=lines.len() {
+        let boundary = i == lines.len()
+            || lines[i].stream_id != lines[start].stream_id
+            || lines[i].expected_version.is_some();
+        if boundary {
+            out.push(&lines[start..i]);
+            start = i;
+        }
+    }
+    out
+}
+
+/// Appends everything in one transaction; returns what each line became, in input order.
+async fn append(
+    store: &crate::store::Store,
+    lines: &[Line],
+) -> Result<Vec<crate::store::AppendedEvent>, Failure> {
+    let db = |e: StoreError| output::store_failure(&e);
+    let mut tx = store.pool().begin().await.map_err(|e| db(e.into()))?;
+    let mut appended = Vec::with_capacity(lines.len());
+    for group in groups(lines) {
+        let first = &group[0];
+        let events: Vec<NewEvent> = group.iter().map(|l| l.event.clone()).collect();
+        match append_events_in(&mut tx, first.stream_id, first.expected_version, &events).await {
+            Ok(rows) => appended.extend(rows),
+            Err(e) => {
+                // Dropping the transaction rolls it back; say so only once it has.
+                let _ = tx.rollback().await;
+                let last = group[group.len() - 1].number;
+                let lines = if last == first.number {
+                    format!("line {}", first.number)
+                } else {
+                    format!("lines {}-{last}", first.number)
+                };
+                return Err(match e {
+                    StoreError::Conflict(message) => Failure::usage(format!(
+                        "line {}: version conflict: {message}. Nothing was written.",
+                        first.number
+                    )),
+                    e if e.is_connection_error() => db(e),
+                    e => Failure::usage(format!(
+                        "{lines}: the database refused the events: {e}. Nothing was written."
+                    )),
+                });
+            }
+        }
+    }
+    tx.commit().await.map_err(|e| db(e.into()))?;
+    Ok(appended)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S1: &str = "6f1c1a8e-5f4e-4c59-9d59-0d3b8f1c2a01";
+    const S2: &str = "6f1c1a8e-5f4e-4c59-9d59-0d3b8f1c2a02";
+
+    fn err(input: &str) -> String {
+        parse(input).unwrap_err()
+    }
+
+    #[test]
+    fn valid_lines_and_blank_lines() {
+        let input = format!(
+            "{{\"stream_id\":\"{S1}\",\"event_type\":\"A\",\"data\":{{\"x\":1}}}}\n\n  \n\
+             {{\"stream_id\":\"{S1}\",\"event_type\":\"B\",\"data\":null,\"metadata\":{{\"m\":1}},\"expected_version\":1}}\n"
+        );
+        let lines = parse(&input).unwrap();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0].number, 1);
+        assert_eq!(lines[1].number, 4);
+        assert_eq!(lines[1].expected_version, Some(1));
+        assert_eq!(lines[1].event.metadata, Some(json!({"m": 1})));
+    }
+
+    #[test]
+    fn malformed_lines_name_their_number_and_problem() {
+        let ok = format!("{{\"stream_id\":\"{S1}\",\"event_type\":\"A\",\"data\":1}}");
+        assert_eq!(
+            err(&format!("{ok}\n{{nope")),
+            "line 2: not valid JSON: key must be a string at line 1 column 2"
+        );
+        assert_eq!(err("[1]"), "line 1: expected a JSON object");
+        assert!(
+            err("{\"event_type\":\"A\",\"data\":1}").starts_with("line 1: missing \"stream_id\"")
+        );
+        assert!(err("{\"stream_id\":\"x\",\"event_type\":\"A\",\"data\":1}")
+            .starts_with("line 1: \"stream_id\" is not a UUID"));
+        assert!(err(&format!("{{\"stream_id\":\"{S1}\",\"data\":1}}"))
+            .starts_with("line 1: missing \"event_type\""));
+        assert!(err(&format!(
+            "{{\"stream_id\":\"{S1}\",\"event_type\":\"\",\"data\":1}}"
+        ))
+        .starts_with("line 1: \"event_type\" is empty"));
+        assert!(
+            err(&format!("{{\"stream_id\":\"{S1}\",\"event_type\":\"A\"}}"))
+                .starts_with("line 1: missing \"data\"")
+        );
+        assert!(err(&format!(
+            "{{\"stream_id\":\"{S1}\",\"event_type\":\"A\",\"data\":1,\"metadata\":[]}}"
+        ))
+        .starts_with("line 1: \"metadata\" must be an object"));
+        assert!(err(&format!(
+            "{{\"stream_id\":\"{S1}\",\"event_type\":\"A\",\"data\":1,\"expected_version\":-1}}"
+        ))
+        .starts_with("line 1: \"expected_version\" must be a non-negative integer"));
+        assert!(err(&format!(
+            "{{\"stream_id\":\"{S1}\",\"event_type\":\"A\",\"data\":1,\"evnt_id\":1}}"
+        ))
+        .starts_with("line 1: unknown key \"evnt_id\""));
+        let id = "1f1c1a8e-5f4e-4c59-9d59-0d3b8f1c2a01";
+        let with_id = format!(
+            "{{\"stream_id\":\"{S1}\",\"event_type\":\"A\",\"data\":1,\"event_id\":\"{id}\"}}"
+        );
+        assert_eq!(
+            err(&format!("{with_id}\n{with_id}")),
+            format!("line 2: event_id {id} is already used on line 1")
+        );
+    }
+
+    #[test]
+    fn groups_follow_streams_and_expected_versions() {
+        let line = |n: usize, s: &str, ev: Option<i32>| Line {
+            number: n,
+            stream_id: Uuid::parse_str(s).unwrap(),
+            expected_version: ev,
+            event: NewEvent::new("A", json!(1)),
+        };
+        let lines = vec![
+            line(1, S1, Some(0)),
+            line(2, S1, None),
+            line(3, S2, None),
+            line(4, S1, None),
+            line(5, S1, Some(3)),
+            line(6, S1, None),
+        ];
+        let g: Vec<Vec<usize>> = groups(&lines)
+            .iter()
+            .map(|g| g.iter().map(|l| l.number).collect())
+            .collect();
+        assert_eq!(g, vec![vec![1, 2], vec![3], vec![4], vec![5, 6]]);
+        assert!(groups(&[]).is_empty());
+    }
 }

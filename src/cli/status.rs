@@ -1,6 +1,14 @@
-//! `vantage status`.
+//! `vantage status`: per perspective, its work (pending, leased, parked), its open dead
+//! letters and the age of its oldest work row; then the live instances.
+//!
+//! Ages are measured on the database's clock, the one that wrote the timestamps.
+
 use clap::Args;
-use super::{exit, GlobalArgs};
+use serde_json::{json, Value};
+
+use super::output::{self, human_age, timestamp, Failure, Ui};
+use super::GlobalArgs;
+
 /// Options of `vantage status`.
 #[derive(Debug, Clone, Args)]
 pub struct StatusArgs {
@@ -8,8 +16,104 @@ pub struct StatusArgs {
     #[arg(long)]
     pub json: bool,
 }
-/// Runs `vantage status`.
-pub async fn run(_global: &GlobalArgs, _args: StatusArgs) -> i32 {
-    eprintln!("vantage status: not yet implemented");
-    exit::FAILURE
+
+/// Runs `vantage status`. Exit 0; 78 for invalid configuration; 2 when the database cannot be
+/// reached or read.
+pub async fn run(global: &GlobalArgs, args: StatusArgs) -> i32 {
+    let ui = Ui::new(args.json);
+    let result = async {
+        let settings = global
+            .load_settings()
+            .map_err(|e| Failure::with_code(super::exit::CONFIG, e.to_string()))?;
+        let store = output::connect(&settings).await?;
+        let read = async {
+            Ok::<_, crate::store::StoreError>((
+                store.perspective_status().await?,
+                store.live_instances().await?,
+                store.database_now().await?,
+            ))
+        }
+        .await;
+        store.close().await;
+        let (perspectives, instances, now) = read.map_err(|e| output::store_failure(&e))?;
+
+        if perspectives.is_empty() {
+            ui.say("No perspectives are registered.");
+        } else {
+            let mut t = output::table(&[
+                "Perspective",
+                "Pending",
+                "Leased",
+                "Parked",
+                "Dead-lettered",
+                "Oldest pending",
+            ]);
+            for p in &perspectives {
+                t.add_row(vec![
+                    p.perspective_name.clone(),
+                    p.pending.to_string(),
+                    p.leased.to_string(),
+                    p.parked.to_string(),
+                    p.dead_lettered.to_string(),
+                    p.oldest_pending_age_seconds
+                        .map(human_age)
+                        .unwrap_or_else(|| "-".to_owned()),
+                ]);
+            }
+            output::align_right(&mut t, &[1, 2, 3, 4, 5]);
+            ui.say(t);
+        }
+        ui.say("");
+        if instances.is_empty() {
+            ui.say("No live instances.");
+        } else {
+            let mut t = output::table(&["Instance", "Host", "PID", "Version", "Last heartbeat"]);
+            for i in &instances {
+                let age = (now - i.last_heartbeat_at).num_milliseconds() as f64 / 1000.0;
+                t.add_row(vec![
+                    i.instance_id.to_string(),
+                    i.host_name.clone(),
+                    i.process_id.to_string(),
+                    i.version.clone(),
+                    format!("{} ago", human_age(age)),
+                ]);
+            }
+            output::align_right(&mut t, &[2]);
+            ui.say(t);
+            ui.say(format!("{} live instance(s).", instances.len()));
+        }
+
+        let perspectives: Vec<Value> = perspectives
+            .iter()
+            .map(|p| {
+                json!({
+                    "dead_lettered": p.dead_lettered,
+                    "leased": p.leased,
+                    "oldest_pending_age_seconds": p.oldest_pending_age_seconds,
+                    "parked": p.parked,
+                    "pending": p.pending,
+                    "perspective": p.perspective_name,
+                })
+            })
+            .collect();
+        let instances: Vec<Value> = instances
+            .iter()
+            .map(|i| {
+                json!({
+                    "host_name": i.host_name,
+                    "instance_id": i.instance_id.to_string(),
+                    "last_heartbeat_age_seconds":
+                        (now - i.last_heartbeat_at).num_milliseconds() as f64 / 1000.0,
+                    "last_heartbeat_at": timestamp(&i.last_heartbeat_at),
+                    "process_id": i.process_id,
+                    "service_name": i.service_name,
+                    "started_at": timestamp(&i.started_at),
+                    "version": i.version,
+                })
+            })
+            .collect();
+        Ok(json!({"instances": instances, "perspectives": perspectives}))
+    }
+    .await;
+    ui.finish(result)
 }

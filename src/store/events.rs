@@ -142,46 +142,6 @@ impl Store {
         .map_err(map_db_error)
     }
 
-    /// Re-queues, for one perspective, every stored event of its types with a position in
-    /// `(after, up_to]`, at most `limit` of them (a batch of a rebuild). Events already queued
-    /// for it are left alone. Returns (rows queued, the last position examined) — `None` when
-    /// there was nothing more to examine.
-    pub async fn requeue_history_batch(
-        &self,
-        perspective: &str,
-        after: i64,
-        up_to: i64,
-        limit: i64,
-    ) -> Result<(u64, Option<i64>), StoreError> {
-        let row: (i64, Option<i64>) = sqlx::query_as(
-            "WITH batch AS ( \
-                 SELECT e.global_position, e.event_id, e.stream_id, e.stream_version \
-                 FROM wh_event_store e, wh_perspectives p \
-                 WHERE p.perspective_name = $1 \
-                   AND e.global_position > $2 AND e.global_position <= $3 \
-                   AND (e.event_type = ANY (p.event_types) OR '*' = ANY (p.event_types)) \
-                 ORDER BY e.global_position LIMIT $4), \
-             ins AS ( \
-                 INSERT INTO wh_perspective_events \
-                     (stream_id, event_id, global_position, stream_version, perspective_name) \
-                 SELECT b.stream_id, b.event_id, b.global_position, b.stream_version, $1 \
-                 FROM batch b ORDER BY b.global_position \
-                 ON CONFLICT (perspective_name, event_id) DO NOTHING \
-                 RETURNING 1), \
-             notify AS (SELECT pg_notify('vantage_work', '') WHERE EXISTS (SELECT 1 FROM ins)) \
-             SELECT (SELECT count(*) FROM ins), (SELECT max(global_position) FROM batch) \
-             FROM (SELECT count(*) FROM notify) n",
-        )
-        .bind(perspective)
-        .bind(after)
-        .bind(up_to)
-        .bind(limit)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(map_db_error)?;
-        Ok((row.0 as u64, row.1))
-    }
-
     /// The highest global position in the store (0 when empty).
     pub async fn max_global_position(&self) -> Result<i64, StoreError> {
         sqlx::query_scalar("SELECT coalesce(max(global_position), 0) FROM wh_event_store")
@@ -209,4 +169,51 @@ pub async fn append_events_in(
     .fetch_all(conn)
     .await
     .map_err(map_db_error)
+}
+
+/// Re-queues, for one perspective, every stored event of its types with a position in
+/// `(after, up_to]`, at most `limit` of them (a batch of a rebuild), inside the caller's
+/// transaction. Events already queued for it are left alone, and so are events with an open
+/// dead letter for it (an operator decides those: replaying or requeuing them later must not
+/// apply them a second time). Returns (rows queued, the last position examined) — `None` when
+/// there was nothing more to examine.
+pub async fn requeue_history_batch_in(
+    conn: &mut sqlx::PgConnection,
+    perspective: &str,
+    after: i64,
+    up_to: i64,
+    limit: i64,
+) -> Result<(u64, Option<i64>), StoreError> {
+    let row: (i64, Option<i64>) = sqlx::query_as(
+        "WITH batch AS ( \
+             SELECT e.global_position, e.event_id, e.stream_id, e.stream_version \
+             FROM wh_event_store e, wh_perspectives p \
+             WHERE p.perspective_name = $1 \
+               AND e.global_position > $2 AND e.global_position <= $3 \
+               AND (e.event_type = ANY (p.event_types) OR '*' = ANY (p.event_types)) \
+             ORDER BY e.global_position LIMIT $4), \
+         ins AS ( \
+             INSERT INTO wh_perspective_events \
+                 (stream_id, event_id, global_position, stream_version, perspective_name) \
+             SELECT b.stream_id, b.event_id, b.global_position, b.stream_version, $1 \
+             FROM batch b \
+             WHERE NOT EXISTS (SELECT 1 FROM wh_dead_letters d \
+                               WHERE d.source_table = 'wh_perspective_events' \
+                                 AND d.perspective_name = $1 AND d.event_id = b.event_id \
+                                 AND d.status = 'exhausted') \
+             ORDER BY b.global_position \
+             ON CONFLICT (perspective_name, event_id) DO NOTHING \
+             RETURNING 1), \
+         notify AS (SELECT pg_notify('vantage_work', '') WHERE EXISTS (SELECT 1 FROM ins)) \
+         SELECT (SELECT count(*) FROM ins), (SELECT max(global_position) FROM batch) \
+         FROM (SELECT count(*) FROM notify) n",
+    )
+    .bind(perspective)
+    .bind(after)
+    .bind(up_to)
+    .bind(limit)
+    .fetch_one(conn)
+    .await
+    .map_err(map_db_error)?;
+    Ok((row.0 as u64, row.1))
 }

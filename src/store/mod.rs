@@ -18,7 +18,8 @@ pub use dead_letters::{
     move_to_dead_letters_in, resolve_dead_letter_in, DeadLetter, DeadLetterStatus, HistoryEntry, MoveOutcome, FAILURE_MAX_ATTEMPTS,
     FAILURE_PERMANENT, SOURCE_TABLE,
 };
-pub use events::{append_events_in, AppendedEvent, NewEvent, PerspectiveRecord, StoredEvent};
+pub use events::{
+    append_events_in, requeue_history_batch_in, AppendedEvent, NewEvent, PerspectiveRecord, StoredEvent};
 pub use instances::{InstanceInfo, LiveInstance};
 pub use status::{PerspectiveStatus, StoreGauges};
 

@@ -16,7 +16,11 @@ impl Store {
 
     /// How many stored events up to `up_to` a registered perspective subscribes to: the
     /// denominator of a rebuild's progress. 0 for an unregistered perspective.
-    pub async fn history_event_count(&self, perspective: &str, up_to: i64) -> Result<i64, StoreError> {
+    pub async fn history_event_count(
+        &self,
+        perspective: &str,
+        up_to: i64,
+    ) -> Result<i64, StoreError> {
         sqlx::query_scalar(
             "SELECT count(*) FROM wh_event_store e, wh_perspectives p \
              WHERE p.perspective_name = $1 AND e.global_position <= $2 \

@@ -1,0 +1,34 @@
+//! `vantage dlq purge`: close a dead letter for good. Runs no handler and reads no event, so it
+//! works for an event that can no longer be read; the history keeps a terminal record.
+
+use serde_json::Value;
+
+use super::{msg, resolve, target_json, Ctx, PurgeArgs};
+use crate::cli::output::{self, confirm, operator_actor, Confirmed, Failure};
+use crate::store::{DeadLetter, Store, StoreError};
+
+pub(super) async fn run(ctx: &Ctx<'_>, args: PurgeArgs) -> Result<Value, Failure> {
+    let n = args.position;
+    let dl = resolve(ctx.store, n, args.perspective.as_deref(), None).await?;
+    let confirmed = confirm(&msg::purge_prompt(n), args.yes).await?;
+    if !purge(ctx.store, &dl, &operator_actor(), &confirmed)
+        .await
+        .map_err(|e| output::store_failure(&e))?
+    {
+        return Err(Failure::usage(msg::race(n)));
+    }
+    ctx.ui.say(msg::purged(n));
+    let mut data = target_json(&dl);
+    data.insert("outcome".into(), "purged".into());
+    Ok(Value::Object(data))
+}
+
+/// The compare-and-set; false if the dead letter was no longer open.
+async fn purge(
+    store: &Store,
+    dl: &DeadLetter,
+    actor: &str,
+    _confirmed: &Confirmed,
+) -> Result<bool, StoreError> {
+    store.purge_dead_letter(dl.dead_letter_id, actor).await
+}

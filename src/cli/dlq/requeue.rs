@@ -1,0 +1,123 @@
+//! `vantage dlq requeue`: hand dead letters back to the running daemon (attempts reset), one
+//! by position or many with `--all` and filters. A bulk requeue shows the count first and
+//! confirms; `--dry-run` shows what would be requeued and changes nothing.
+
+use serde_json::{json, Value};
+
+use super::{check_perspective, msg, resolve, Ctx, RequeueArgs};
+use crate::cli::output::{self, confirm, operator_actor, Confirmed, Failure};
+use crate::store::{DeadLetter, Store, StoreError};
+
+pub(super) async fn run(ctx: &Ctx<'_>, args: RequeueArgs) -> Result<Value, Failure> {
+    let perspective = args.perspective.as_deref();
+    let reason = args.reason.as_deref();
+    let letters = match args.position {
+        Some(n) => vec![resolve(ctx.store, n, perspective, reason).await?],
+        None => {
+            check_perspective(ctx.store, perspective).await?;
+            let mut all = ctx
+                .store
+                .open_dead_letters(perspective)
+                .await
+                .map_err(|e| output::store_failure(&e))?;
+            if let Some(reason) = reason {
+                all.retain(|d| d.failure_reason == reason);
+            }
+            all
+        }
+    };
+    let count = letters.len();
+    let item = |d: &DeadLetter, outcome: &str| {
+        json!({
+            "outcome": outcome,
+            "perspective": d.perspective_name,
+            "position": d.global_position,
+            "reason": d.failure_reason,
+        })
+    };
+
+    if count == 0 {
+        ctx.ui.say(msg::none_to_requeue());
+        return Ok(json!({"count": 0, "dry_run": args.dry_run, "items": [], "requeued": 0}));
+    }
+
+    if args.dry_run {
+        ctx.ui.say(msg::would_requeue(count));
+        for d in &letters {
+            ctx.ui.say(describe(d));
+        }
+        let items: Vec<Value> = letters.iter().map(|d| item(d, "would_requeue")).collect();
+        return Ok(json!({"count": count, "dry_run": true, "items": items, "requeued": 0}));
+    }
+
+    let question = match (args.position, letters.first()) {
+        (Some(n), Some(d)) => msg::requeue_prompt_one(n, &d.perspective_name),
+        _ => {
+            // The count (and what it covers) is shown before the operator is asked.
+            ctx.ui.note(msg::will_requeue(count));
+            for d in &letters {
+                ctx.ui.note(describe(d));
+            }
+            msg::requeue_prompt_many(count)
+        }
+    };
+    let confirmed = confirm(&question, args.yes).await?;
+    let actor = operator_actor();
+
+    let mut items = Vec::with_capacity(count);
+    let mut requeued = 0;
+    for d in &letters {
+        let done = requeue(ctx.store, d, &actor, &confirmed)
+            .await
+            .map_err(|e| output::store_failure(&e).with("requeued", requeued))?;
+        if done {
+            requeued += 1;
+            ctx.ui
+                .say(msg::requeued_one(d.global_position, &d.perspective_name));
+            items.push(item(d, "requeued"));
+        } else {
+            // A single position that lost the race gets the race message alone, below.
+            if args.position.is_none() {
+                ctx.ui
+                    .say(msg::skipped_one(d.global_position, &d.perspective_name));
+            }
+            items.push(item(d, "no_longer_dead_lettered"));
+        }
+    }
+
+    let data = json!({"count": count, "dry_run": false, "items": items, "requeued": requeued});
+    match args.position {
+        Some(n) if requeued == 0 => Err(Failure::usage(msg::race(n))),
+        _ if requeued < count => {
+            ctx.ui.say(msg::requeued_total(requeued, count));
+            let mut failure = Failure::usage(msg::requeue_partial(count - requeued, count));
+            if let Value::Object(m) = data {
+                failure.data = m;
+            }
+            Err(failure)
+        }
+        Some(_) => Ok(data),
+        None => {
+            ctx.ui.say(msg::requeued_total(requeued, count));
+            Ok(data)
+        }
+    }
+}
+
+/// `  position 42 of 'order_summary' (MaxAttemptsExceeded)`
+fn describe(d: &DeadLetter) -> String {
+    format!(
+        "  position {} of '{}' ({})",
+        d.global_position, d.perspective_name, d.failure_reason
+    )
+}
+
+/// The compare-and-set; false if the dead letter was no longer open.
+async fn requeue(
+    store: &Store,
+    dl: &DeadLetter,
+    actor: &str,
+    _confirmed: &Confirmed,
+) -> Result<bool, StoreError> {
+    store.requeue_dead_letter(dl.dead_letter_id, actor).await
+}
