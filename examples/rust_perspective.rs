@@ -62,8 +62,8 @@ async fn main() -> anyhow::Result<()> {
     let (url, _server) = match std::env::var("DATABASE_URL") {
         Ok(url) => (url, None),
         Err(_) => {
-            let server = tokio::task::spawn_blocking(vantage::throwaway::ThrowawayPostgres::start)
-                .await??;
+            let server =
+                tokio::task::spawn_blocking(vantage::throwaway::ThrowawayPostgres::start).await??;
             (server.url(), Some(server))
         }
     };

@@ -4,7 +4,10 @@ use clap::Parser;
 
 fn main() {
     let cli = vantage::cli::Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("vantage: cannot start the async runtime: {e}");

@@ -22,7 +22,9 @@ struct Env {
 
 async fn env() -> Env {
     let db = common::fresh_database().await;
-    let store = Store::connect(&StoreOptions::for_url(&db.url)).await.unwrap();
+    let store = Store::connect(&StoreOptions::for_url(&db.url))
+        .await
+        .unwrap();
     store.migrate().await.unwrap();
     Env {
         url: db.url.clone(),
@@ -72,7 +74,10 @@ async fn exec(env: &Env, sql: &str) {
 }
 
 async fn scalar_i64(env: &Env, sql: &str) -> i64 {
-    sqlx::query_scalar(sql).fetch_one(env.store.pool()).await.unwrap()
+    sqlx::query_scalar(sql)
+        .fetch_one(env.store.pool())
+        .await
+        .unwrap()
 }
 
 /// Waits until no work row is left, or panics after `limit`.
@@ -96,7 +101,10 @@ async fn wait_until(env: &Env, sql: &str, want: i64, limit: Duration) {
 }
 
 async fn append(env: &Env, stream: Uuid, events: Vec<NewEvent>) {
-    env.store.append_events(stream, None, &events).await.unwrap();
+    env.store
+        .append_events(stream, None, &events)
+        .await
+        .unwrap();
 }
 
 fn ev(event_type: &str, data: serde_json::Value) -> NewEvent {
@@ -148,7 +156,10 @@ async fn assert_in_stream_order(env: &Env, name: &str) {
         ),
     )
     .await;
-    assert_eq!(out_of_order, 0, "{name}: events applied out of stream order");
+    assert_eq!(
+        out_of_order, 0,
+        "{name}: events applied out of stream order"
+    );
 }
 
 fn metric_value(rendered: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
@@ -181,23 +192,36 @@ async fn drains_2000_events_over_50_streams_exactly_once_in_order() {
     let streams: Vec<Uuid> = (0..50).map(|_| Uuid::new_v4()).collect();
     for round in 0..40 {
         for (i, s) in streams.iter().enumerate() {
-            let t = if (round + i) % 2 == 0 { "Placed" } else { "Shipped" };
+            let t = if (round + i) % 2 == 0 {
+                "Placed"
+            } else {
+                "Shipped"
+            };
             append(&env, *s, vec![ev(t, serde_json::json!({"round": round}))]).await;
         }
     }
     wait_drained(&env, Duration::from_secs(60)).await;
     daemon.shutdown().await.unwrap();
 
-    assert_eq!(scalar_i64(&env, "SELECT count(*) FROM applied_alpha").await, 2000);
+    assert_eq!(
+        scalar_i64(&env, "SELECT count(*) FROM applied_alpha").await,
+        2000
+    );
     let placed = scalar_i64(
         &env,
         "SELECT count(*) FROM wh_event_store WHERE event_type = 'Placed'",
     )
     .await;
-    assert_eq!(scalar_i64(&env, "SELECT count(*) FROM applied_beta").await, placed);
+    assert_eq!(
+        scalar_i64(&env, "SELECT count(*) FROM applied_beta").await,
+        placed
+    );
     assert_in_stream_order(&env, "alpha").await;
     assert_in_stream_order(&env, "beta").await;
-    assert_eq!(scalar_i64(&env, "SELECT count(*) FROM wh_dead_letters").await, 0);
+    assert_eq!(
+        scalar_i64(&env, "SELECT count(*) FROM wh_dead_letters").await,
+        0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -250,16 +274,25 @@ Counted = "INSERT INTO poison_model (stream_id, version, n) VALUES ($2, $6, ($1-
         assert_eq!(*attempts, 3, "dead-lettered on claim max + 1");
         assert_eq!(reason, "MaxAttemptsExceeded");
         assert_eq!(*version, 3);
-        assert!(error_text.contains("invalid input syntax"), "the real error is kept: {error_text}");
+        assert!(
+            error_text.contains("invalid input syntax"),
+            "the real error is kept: {error_text}"
+        );
     }
     // Every other event applied, including those behind the poison ones.
-    assert_eq!(scalar_i64(&env, "SELECT count(*) FROM poison_model").await, 28);
+    assert_eq!(
+        scalar_i64(&env, "SELECT count(*) FROM poison_model").await,
+        28
+    );
     let rendered = vantage::telemetry::recorder::render();
     assert_eq!(
         metric_value(
             &rendered,
             "vantage_dead_letter_moves_total",
-            &[("perspective", "poison_counts"), ("reason", "MaxAttemptsExceeded")]
+            &[
+                ("perspective", "poison_counts"),
+                ("reason", "MaxAttemptsExceeded")
+            ]
         ),
         2.0
     );
@@ -316,13 +349,21 @@ async fn attempts_at_max_are_applied_and_one_more_is_dead_lettered() {
         .fetch_all(env.store.pool())
         .await
         .unwrap();
-    assert_eq!(applied, vec![streams[0]], "attempts 9 + this claim = 10: applied");
+    assert_eq!(
+        applied,
+        vec![streams[0]],
+        "attempts 9 + this claim = 10: applied"
+    );
     let dead: Vec<(Uuid, i32)> =
         sqlx::query_as("SELECT stream_id, attempts_when_dlq FROM wh_dead_letters")
             .fetch_all(env.store.pool())
             .await
             .unwrap();
-    assert_eq!(dead, vec![(streams[1], 11)], "attempts 10 + this claim = 11: dead-lettered");
+    assert_eq!(
+        dead,
+        vec![(streams[1], 11)],
+        "attempts 10 + this claim = 11: dead-lettered"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -341,7 +382,12 @@ Bad = "INSERT INTO strict_model (n) VALUES (($1->>'n')::int)"
     );
     s.worker.max_perspective_event_attempts = None;
     let daemon = start(&env, s).await;
-    append(&env, Uuid::new_v4(), vec![ev("Bad", serde_json::json!({"n": "x"}))]).await;
+    append(
+        &env,
+        Uuid::new_v4(),
+        vec![ev("Bad", serde_json::json!({"n": "x"}))],
+    )
+    .await;
     // Well past max + 1 claims with the default max of 10.
     wait_until(
         &env,
@@ -351,9 +397,22 @@ Bad = "INSERT INTO strict_model (n) VALUES (($1->>'n')::int)"
     )
     .await;
     daemon.shutdown().await.unwrap();
-    assert_eq!(scalar_i64(&env, "SELECT count(*) FROM wh_dead_letters").await, 0);
-    assert_eq!(scalar_i64(&env, "SELECT count(*) FROM wh_perspective_events").await, 1);
-    assert!(scalar_i64(&env, "SELECT max(failures)::bigint FROM wh_perspective_events").await >= 11);
+    assert_eq!(
+        scalar_i64(&env, "SELECT count(*) FROM wh_dead_letters").await,
+        0
+    );
+    assert_eq!(
+        scalar_i64(&env, "SELECT count(*) FROM wh_perspective_events").await,
+        1
+    );
+    assert!(
+        scalar_i64(
+            &env,
+            "SELECT max(failures)::bigint FROM wh_perspective_events"
+        )
+        .await
+            >= 11
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -383,14 +442,23 @@ async fn a_failing_move_keeps_the_row_in_the_apply_set() {
         .fetch_all(env.store.pool())
         .await
         .unwrap();
-    assert_eq!(applied, streams, "the over-the-limit row was applied and completed");
-    assert_eq!(scalar_i64(&env, "SELECT count(*) FROM wh_dead_letters").await, 0);
+    assert_eq!(
+        applied, streams,
+        "the over-the-limit row was applied and completed"
+    );
+    assert_eq!(
+        scalar_i64(&env, "SELECT count(*) FROM wh_dead_letters").await,
+        0
+    );
     let after = metric_value(
         &vantage::telemetry::recorder::render(),
         "vantage_dead_letter_move_errors_total",
         &[],
     );
-    assert!(after >= before + 1.0, "move errors counted ({before} -> {after})");
+    assert!(
+        after >= before + 1.0,
+        "move errors counted ({before} -> {after})"
+    );
 }
 
 /// Records every delivery with the attempts it carried, and fails if another transaction is
@@ -409,14 +477,13 @@ impl Perspective for Recorder {
         vec!["*".into()]
     }
     async fn apply(&self, e: &EventEnvelope, tx: &mut PgConnection) -> Result<(), ApplyError> {
-        let exclusive: bool = sqlx::query_scalar(
-            "SELECT pg_try_advisory_xact_lock(hashtext($1 || ':' || $2::text))",
-        )
-        .bind(&self.name)
-        .bind(e.stream_id)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(ApplyError::from_sqlx)?;
+        let exclusive: bool =
+            sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1 || ':' || $2::text))")
+                .bind(&self.name)
+                .bind(e.stream_id)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(ApplyError::from_sqlx)?;
         if !exclusive {
             return Err(ApplyError::Retryable("concurrent apply of one lane".into()));
         }
@@ -494,7 +561,11 @@ async fn cooled_rows_are_completed_without_a_second_apply_per_perspective() {
         .fetch_all(env.store.pool())
         .await
         .unwrap();
-    assert_eq!(applied, vec!["cool_b".to_string()], "only the uncooled perspective applied");
+    assert_eq!(
+        applied,
+        vec!["cool_b".to_string()],
+        "only the uncooled perspective applied"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -520,7 +591,12 @@ async fn two_daemons_share_the_work_without_overlap_and_hand_over_gracefully() {
     let streams: Vec<Uuid> = (0..30).map(|_| Uuid::new_v4()).collect();
     for round in 0..20 {
         for s in &streams {
-            append(&env, *s, vec![ev("Tick", serde_json::json!({ "round": round }))]).await;
+            append(
+                &env,
+                *s,
+                vec![ev("Tick", serde_json::json!({ "round": round }))],
+            )
+            .await;
         }
     }
     // Let both work for a while, then stop one gracefully mid-drain.
@@ -533,21 +609,26 @@ async fn two_daemons_share_the_work_without_overlap_and_hand_over_gracefully() {
     .await;
     let first_id = first.instance_id();
     first.shutdown().await.unwrap();
-    let held: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM wh_perspective_events WHERE instance_id = $1",
-    )
-    .bind(first_id.0)
-    .fetch_one(env.store.pool())
-    .await
-    .unwrap();
+    let held: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM wh_perspective_events WHERE instance_id = $1")
+            .bind(first_id.0)
+            .fetch_one(env.store.pool())
+            .await
+            .unwrap();
     assert_eq!(held, 0, "a stopped daemon holds no lease");
 
     wait_drained(&env, Duration::from_secs(60)).await;
     second.shutdown().await.unwrap();
 
-    assert_eq!(scalar_i64(&env, "SELECT count(*) FROM deliveries").await, 2 * 600);
+    assert_eq!(
+        scalar_i64(&env, "SELECT count(*) FROM deliveries").await,
+        2 * 600
+    );
     let retried = scalar_i64(&env, "SELECT count(*) FROM deliveries WHERE attempts <> 1").await;
-    assert_eq!(retried, 0, "no delivery needed a second claim: no overlap, no attempts growth");
+    assert_eq!(
+        retried, 0,
+        "no delivery needed a second claim: no overlap, no attempts growth"
+    );
     let out_of_order = scalar_i64(
         &env,
         "SELECT count(*) FROM (SELECT seq < lag(seq) OVER (PARTITION BY perspective, stream_id ORDER BY version) AS bad \
@@ -555,7 +636,10 @@ async fn two_daemons_share_the_work_without_overlap_and_hand_over_gracefully() {
     )
     .await;
     assert_eq!(out_of_order, 0);
-    assert_eq!(scalar_i64(&env, "SELECT count(*) FROM wh_dead_letters").await, 0);
+    assert_eq!(
+        scalar_i64(&env, "SELECT count(*) FROM wh_dead_letters").await,
+        0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -595,11 +679,12 @@ async fn shutdown_returns_within_the_grace_and_leaves_no_lease() {
         "shutdown took {:?}",
         started.elapsed()
     );
-    let held: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM wh_perspective_events WHERE instance_id IS NOT NULL")
-            .fetch_one(env.store.pool())
-            .await
-            .unwrap();
+    let held: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM wh_perspective_events WHERE instance_id IS NOT NULL",
+    )
+    .fetch_one(env.store.pool())
+    .await
+    .unwrap();
     assert_eq!(held, 0, "no lease left behind");
     let registered: i64 =
         sqlx::query_scalar("SELECT count(*) FROM wh_service_instances WHERE instance_id = $1")
@@ -609,6 +694,10 @@ async fn shutdown_returns_within_the_grace_and_leaves_no_lease() {
             .unwrap();
     assert_eq!(registered, 0, "deregistered");
     // Rows never started were given back with a refund: none carries a charge.
-    let charged = scalar_i64(&env, "SELECT count(*) FROM wh_perspective_events WHERE attempts > 0").await;
+    let charged = scalar_i64(
+        &env,
+        "SELECT count(*) FROM wh_perspective_events WHERE attempts > 0",
+    )
+    .await;
     assert_eq!(charged, 0);
 }

@@ -21,7 +21,10 @@ pub async fn run(global: &GlobalArgs) -> i32 {
     };
     match store.migrate().await {
         Ok(applied) if applied.is_empty() => {
-            println!("Schema '{}' is up to date; nothing to apply.", store.schema());
+            println!(
+                "Schema '{}' is up to date; nothing to apply.",
+                store.schema()
+            );
             exit::OK
         }
         Ok(applied) => {
@@ -45,4 +48,3 @@ pub async fn run(global: &GlobalArgs) -> i32 {
         }
     }
 }
-

@@ -76,7 +76,6 @@ pub enum Command {
     Config(config_cmd::ConfigCommand),
 }
 
-
 /// Runs a parsed command line; returns the process exit code.
 pub async fn run(cli: Cli) -> i32 {
     match cli.command {

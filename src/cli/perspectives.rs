@@ -179,7 +179,11 @@ async fn rebuild(
     let handler = SqlPerspective::from_settings(config);
     let (queued, expected) = rebuild_in_one_transaction(ui, store, &handler, &confirmed)
         .await
-        .map_err(|e| Failure::usage(format!("Rebuild of '{name}' failed: {e}. Nothing was changed.")))?;
+        .map_err(|e| {
+            Failure::usage(format!(
+                "Rebuild of '{name}' failed: {e}. Nothing was changed."
+            ))
+        })?;
     ui.say(format!(
         "Rebuilt '{name}': read model reset; {queued} event(s) queued again for the daemon to apply."
     ));
@@ -196,7 +200,10 @@ async fn rebuild_in_one_transaction(
     _confirmed: &Confirmed,
 ) -> Result<(u64, i64), String> {
     let name = handler.name().to_string();
-    let up_to = store.max_global_position().await.map_err(|e| e.to_string())?;
+    let up_to = store
+        .max_global_position()
+        .await
+        .map_err(|e| e.to_string())?;
     let expected = store
         .history_event_count(&name, up_to)
         .await

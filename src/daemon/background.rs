@@ -43,7 +43,10 @@ pub async fn heartbeat(
                 continue;
             }
         }
-        match store.cleanup_dead_instances(settings.orphans.stale_after).await {
+        match store
+            .cleanup_dead_instances(settings.orphans.stale_after)
+            .await
+        {
             Ok(dead) => {
                 for id in dead {
                     tracing::warn!(dead_instance = %id, stale_after = ?settings.orphans.stale_after,

@@ -64,9 +64,9 @@ impl From<RegistryError> for DaemonError {
 
 fn store_error(e: StoreError) -> DaemonError {
     match e {
-        e @ (StoreError::SchemaNewer(_) | StoreError::SchemaBehind(_) | StoreError::InvalidUrl(_)) => {
-            DaemonError::Config(e.to_string())
-        }
+        e @ (StoreError::SchemaNewer(_)
+        | StoreError::SchemaBehind(_)
+        | StoreError::InvalidUrl(_)) => DaemonError::Config(e.to_string()),
         e if e.is_connection_error() => DaemonError::Unreachable(e),
         e => DaemonError::Internal(e.to_string()),
     }
@@ -168,7 +168,8 @@ impl DaemonBuilder {
         }
         if registry.is_empty() {
             return Err(DaemonError::Config(
-                "no perspectives configured: add a [[perspectives]] section to the configuration".into(),
+                "no perspectives configured: add a [[perspectives]] section to the configuration"
+                    .into(),
             ));
         }
         crate::perspective::prepare_sql_perspectives(&store, &settings.perspectives).await?;
@@ -176,7 +177,10 @@ impl DaemonBuilder {
 
         let instance = self.instance;
         let info = InstanceInfo::current("vantage");
-        store.heartbeat(instance, &info).await.map_err(store_error)?;
+        store
+            .heartbeat(instance, &info)
+            .await
+            .map_err(store_error)?;
 
         let metrics = crate::telemetry::recorder::install()
             .map_err(|e| DaemonError::Internal(e.to_string()))?;
@@ -213,7 +217,9 @@ impl DaemonBuilder {
                 let state = HttpState::new(metrics, health.clone());
                 let token = stop_background.clone();
                 background.spawn(async move {
-                    if let Err(error) = crate::telemetry::http::serve_on(listener, state, token).await {
+                    if let Err(error) =
+                        crate::telemetry::http::serve_on(listener, state, token).await
+                    {
                         tracing::error!(%error, "HTTP server failed");
                     }
                 });
@@ -356,7 +362,10 @@ async fn drain_and_stop(s: DrainAndStop) -> Result<(), DaemonError> {
     tracing::info!(grace = ?s.grace, "shutting down: finishing batches in flight");
     s.stop_claiming.cancel();
     s.consumers.close();
-    if tokio::time::timeout(s.grace, s.consumers.wait()).await.is_err() {
+    if tokio::time::timeout(s.grace, s.consumers.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!(grace = ?s.grace, "batches still in flight after the shutdown grace; abandoning them (their transactions roll back)");
     }
     // Whatever is still leased (an abandoned batch, rows never started) goes back refunded.
@@ -364,7 +373,9 @@ async fn drain_and_stop(s: DrainAndStop) -> Result<(), DaemonError> {
         Ok(released) => {
             tracing::info!(released, instance = %s.instance, "deregistered; leases given back")
         }
-        Err(error) => tracing::warn!(%error, "could not deregister; other instances will take over once this one is stale"),
+        Err(error) => {
+            tracing::warn!(%error, "could not deregister; other instances will take over once this one is stale")
+        }
     }
     s.stop_background.cancel();
     s.background.close();
@@ -425,7 +436,9 @@ impl RunningDaemon {
     pub async fn wait(self) -> Result<(), DaemonError> {
         match self.supervisor.await {
             Ok(r) => r,
-            Err(e) => Err(DaemonError::Internal(format!("supervisor task failed: {e}"))),
+            Err(e) => Err(DaemonError::Internal(format!(
+                "supervisor task failed: {e}"
+            ))),
         }
     }
 }

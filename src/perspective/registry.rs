@@ -81,7 +81,9 @@ impl PerspectiveRegistry {
     /// Upserts every perspective into `wh_perspectives` (the fan-out reads it).
     pub async fn register_all(&self, store: &Store) -> Result<(), RegistryError> {
         for p in self.by_name.values() {
-            store.register_perspective(p.name(), &p.event_types()).await?;
+            store
+                .register_perspective(p.name(), &p.event_types())
+                .await?;
         }
         Ok(())
     }

@@ -61,7 +61,9 @@ impl SqlPerspective {
             let prepared = if event_type == "reset" {
                 conn.prepare(statement).await.map(|_| ())
             } else {
-                conn.prepare_with(statement, &param_types()).await.map(|_| ())
+                conn.prepare_with(statement, &param_types())
+                    .await
+                    .map(|_| ())
             };
             prepared.map_err(|e| SqlPerspectiveError {
                 perspective: self.name.clone(),

@@ -184,7 +184,10 @@ pub async fn apply_batch(
     let (lanes, unhandled) = lanes(ctx, events);
     let mut outcome = BatchOutcome::default();
     if !unhandled.is_empty() {
-        outcome.released += ctx.store.release_unstarted(ctx.instance, &unhandled).await? as usize;
+        outcome.released += ctx
+            .store
+            .release_unstarted(ctx.instance, &unhandled)
+            .await? as usize;
     }
     if lanes.is_empty() {
         return Ok(outcome);
@@ -231,7 +234,10 @@ async fn apply_fast(
             match timed_apply(lane.perspective.as_ref(), ev, &mut tx).await {
                 Ok(()) => {
                     marks.mark(ctx, lane.perspective.as_ref(), ev.event_work_id);
-                    *tally.applied.entry(ev.perspective_name.clone()).or_default() += 1;
+                    *tally
+                        .applied
+                        .entry(ev.perspective_name.clone())
+                        .or_default() += 1;
                     outcome.applied += 1;
                     done.push(ev.event_work_id);
                 }
@@ -294,7 +300,10 @@ async fn finish(
 }
 
 /// One savepoint per event: charge only failing rows, dead-letter permanent failures.
-async fn apply_careful(ctx: &ApplyContext, lanes: &[Lane]) -> Result<BatchOutcome, ApplyBatchError> {
+async fn apply_careful(
+    ctx: &ApplyContext,
+    lanes: &[Lane],
+) -> Result<BatchOutcome, ApplyBatchError> {
     let mut tx = ctx.store.pool().begin().await?;
     let mut marks = Marks::default();
     let mut tally = Tally::default();
@@ -314,7 +323,10 @@ async fn apply_careful(ctx: &ApplyContext, lanes: &[Lane]) -> Result<BatchOutcom
                 Ok(()) => {
                     savepoint.commit().await?;
                     marks.mark(ctx, lane.perspective.as_ref(), ev.event_work_id);
-                    *tally.applied.entry(ev.perspective_name.clone()).or_default() += 1;
+                    *tally
+                        .applied
+                        .entry(ev.perspective_name.clone())
+                        .or_default() += 1;
                     outcome.applied += 1;
                     done.push(ev.event_work_id);
                 }
@@ -366,11 +378,16 @@ async fn apply_careful(ctx: &ApplyContext, lanes: &[Lane]) -> Result<BatchOutcom
                         %error,
                         "apply failed; the event is parked and will be retried"
                     );
-                    *tally.failures.entry(ev.perspective_name.clone()).or_default() += 1;
+                    *tally
+                        .failures
+                        .entry(ev.perspective_name.clone())
+                        .or_default() += 1;
                     outcome.failed += 1;
                     // The rows behind it wait, uncharged.
-                    let behind: Vec<Uuid> =
-                        lane.events[i + 1..].iter().map(|e| e.event_work_id).collect();
+                    let behind: Vec<Uuid> = lane.events[i + 1..]
+                        .iter()
+                        .map(|e| e.event_work_id)
+                        .collect();
                     match release_unstarted_in(&mut *tx, ctx.instance, &behind).await {
                         Ok(n) => outcome.released += n as usize,
                         Err(e) => {

@@ -14,9 +14,7 @@
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use crate::store::{
-    InstanceId, MoveOutcome, Store, StoreError, WorkRow, FAILURE_MAX_ATTEMPTS,
-};
+use crate::store::{InstanceId, MoveOutcome, Store, StoreError, WorkRow, FAILURE_MAX_ATTEMPTS};
 use crate::telemetry::metrics as m;
 
 /// Where dead letters go. The PostgreSQL [`Store`] is the one real implementation; the trait
@@ -92,7 +90,12 @@ pub async fn filter_dead_lettered(
             row.attempts
         );
         match sink
-            .move_to_dead_letters(row.event_work_id, FAILURE_MAX_ATTEMPTS, &error_text, Some(instance))
+            .move_to_dead_letters(
+                row.event_work_id,
+                FAILURE_MAX_ATTEMPTS,
+                &error_text,
+                Some(instance),
+            )
             .await
         {
             Ok(MoveOutcome::Moved(dead_letter_id)) => {
@@ -163,7 +166,10 @@ mod tests {
             if self.gone.contains(&work_id) {
                 return Ok(MoveOutcome::AlreadyGone);
             }
-            self.moved.lock().unwrap().push((work_id, reason.to_string()));
+            self.moved
+                .lock()
+                .unwrap()
+                .push((work_id, reason.to_string()));
             Ok(MoveOutcome::Moved(Uuid::new_v4()))
         }
     }

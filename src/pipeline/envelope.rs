@@ -37,7 +37,9 @@ pub struct EventEnvelope {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum EnvelopeError {
     /// The work row points at an event that no longer exists in the event store.
-    #[error("event {event_id} at global position {global_position} no longer exists in wh_event_store")]
+    #[error(
+        "event {event_id} at global position {global_position} no longer exists in wh_event_store"
+    )]
     EventVanished {
         /// The missing event.
         event_id: Uuid,

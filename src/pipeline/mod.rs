@@ -129,7 +129,12 @@ impl Pipeline {
                     let error = error.to_string();
                     match ctx
                         .store
-                        .move_to_dead_letters(work_id, FAILURE_PERMANENT, &error, Some(ctx.instance))
+                        .move_to_dead_letters(
+                            work_id,
+                            FAILURE_PERMANENT,
+                            &error,
+                            Some(ctx.instance),
+                        )
                         .await
                     {
                         Ok(MoveOutcome::Moved(dead_letter_id)) => {
@@ -169,9 +174,16 @@ impl Pipeline {
     /// Best effort: rows we still hold after a failed pass go back with a refund (if the
     /// database is gone, their leases lapse and we re-lease them ourselves without a bump).
     async fn give_back(&self, ids: &[Uuid]) {
-        match self.ctx.store.release_unstarted(self.ctx.instance, ids).await {
+        match self
+            .ctx
+            .store
+            .release_unstarted(self.ctx.instance, ids)
+            .await
+        {
             Ok(n) => metrics::counter!(m::LEASES_RELEASED_TOTAL).increment(n),
-            Err(e) => tracing::debug!(error = %e, "could not give rows back; their leases will lapse"),
+            Err(e) => {
+                tracing::debug!(error = %e, "could not give rows back; their leases will lapse")
+            }
         }
     }
 }

@@ -258,15 +258,16 @@ pub async fn move_to_dead_letters_in<'c, E: sqlx::PgExecutor<'c>>(
     error_text: &str,
     instance: Option<InstanceId>,
 ) -> Result<MoveOutcome, StoreError> {
-    let id: Option<Uuid> = sqlx::query_scalar("SELECT move_to_dead_letters($1, $2, $3, $4, $5, $6)")
-        .bind(Uuid::new_v4())
-        .bind(SOURCE_TABLE)
-        .bind(work_id)
-        .bind(reason)
-        .bind(error_text)
-        .bind(instance.map(|i| i.0))
-        .fetch_one(executor)
-        .await
-        .map_err(map_db_error)?;
+    let id: Option<Uuid> =
+        sqlx::query_scalar("SELECT move_to_dead_letters($1, $2, $3, $4, $5, $6)")
+            .bind(Uuid::new_v4())
+            .bind(SOURCE_TABLE)
+            .bind(work_id)
+            .bind(reason)
+            .bind(error_text)
+            .bind(instance.map(|i| i.0))
+            .fetch_one(executor)
+            .await
+            .map_err(map_db_error)?;
     Ok(id.map_or(MoveOutcome::AlreadyGone, MoveOutcome::Moved))
 }

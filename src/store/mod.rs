@@ -11,15 +11,15 @@ mod instances;
 mod operator;
 mod status;
 
-pub use claims::{
-    complete_in, record_failure_in, release_unstarted_in, ClaimedHead, WorkRow,
-};
+pub use claims::{complete_in, record_failure_in, release_unstarted_in, ClaimedHead, WorkRow};
 pub use dead_letters::{
-    move_to_dead_letters_in, resolve_dead_letter_in, DeadLetter, DeadLetterStatus, HistoryEntry, MoveOutcome, FAILURE_MAX_ATTEMPTS,
-    FAILURE_PERMANENT, SOURCE_TABLE,
+    move_to_dead_letters_in, resolve_dead_letter_in, DeadLetter, DeadLetterStatus, HistoryEntry,
+    MoveOutcome, FAILURE_MAX_ATTEMPTS, FAILURE_PERMANENT, SOURCE_TABLE,
 };
 pub use events::{
-    append_events_in, requeue_history_batch_in, AppendedEvent, NewEvent, PerspectiveRecord, StoredEvent};
+    append_events_in, requeue_history_batch_in, AppendedEvent, NewEvent, PerspectiveRecord,
+    StoredEvent,
+};
 pub use instances::{InstanceInfo, LiveInstance};
 pub use status::{PerspectiveStatus, StoreGauges};
 
@@ -224,7 +224,9 @@ impl Store {
             let pool = PgPoolOptions::new()
                 .max_connections(opts.max_connections.max(1))
                 .min_connections(0)
-                .acquire_timeout(Duration::from_secs(10).min(opts.connect_timeout.max(Duration::from_secs(1))))
+                .acquire_timeout(
+                    Duration::from_secs(10).min(opts.connect_timeout.max(Duration::from_secs(1))),
+                )
                 .connect_with(connect.clone())
                 .await;
             match pool {
