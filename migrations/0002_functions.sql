@@ -275,6 +275,7 @@ DECLARE
     v_chosen   uuid[];
     v_locked   uuid[];
     v_take     uuid[];
+    v_own      uuid[];
 BEGIN
     SELECT array_agg(p.perspective_name) INTO v_names
     FROM wh_perspectives p
@@ -321,12 +322,22 @@ BEGIN
         RETURN;
     END IF;
 
-    -- 2. Lock them without waiting, re-checking claimability on the live rows.
-    SELECT array_agg(l.event_work_id) INTO v_locked
+    -- 2. Rows validly leased to us need no lock: nobody else may change them while the lease is
+    --    valid, and another claimer's stale FOR UPDATE SKIP LOCKED may hold their tuple lock (it
+    --    locks the latest version before its re-check rejects the row), which must not make us
+    --    drop our own lane. Lock the others without waiting, re-checking them on the live rows.
+    SELECT array_agg(pe.event_work_id) INTO v_own
+    FROM wh_perspective_events pe
+    WHERE pe.event_work_id = ANY (v_chosen)
+      AND pe.instance_id = p_instance_id
+      AND pe.lease_expiry > now();
+
+    SELECT coalesce(v_own, '{}') || coalesce(array_agg(l.event_work_id), '{}') INTO v_locked
     FROM (
         SELECT pe.event_work_id
         FROM wh_perspective_events pe
         WHERE pe.event_work_id = ANY (v_chosen)
+          AND NOT pe.event_work_id = ANY (coalesce(v_own, '{}'))
           AND CASE
                 WHEN pe.instance_id = p_instance_id THEN true
                 WHEN pe.instance_id IS NULL THEN pe.scheduled_for <= now()
@@ -337,7 +348,7 @@ BEGIN
         ORDER BY pe.event_work_id
         FOR UPDATE OF pe SKIP LOCKED
     ) l;
-    IF v_locked IS NULL THEN
+    IF cardinality(v_locked) = 0 THEN
         RETURN;
     END IF;
 

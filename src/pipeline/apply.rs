@@ -159,6 +159,50 @@ impl Marks {
     }
 }
 
+/// The bookkeeping of one pass over a batch (one transaction).
+#[derive(Default)]
+struct Pass {
+    marks: Marks,
+    tally: Tally,
+    /// Rows to complete in this transaction.
+    done: Vec<Uuid>,
+    outcome: BatchOutcome,
+}
+
+impl Pass {
+    /// A cooled row: completed without re-applying.
+    fn cooled(&mut self, ev: &EventEnvelope) {
+        *self
+            .tally
+            .cooled
+            .entry(ev.perspective_name.clone())
+            .or_default() += 1;
+        self.outcome.cooled += 1;
+        self.done.push(ev.event_work_id);
+    }
+
+    /// A successful apply: cooled from now on, completed with the transaction.
+    fn applied(&mut self, ctx: &ApplyContext, perspective: &dyn Perspective, ev: &EventEnvelope) {
+        self.marks.mark(ctx, perspective, ev.event_work_id);
+        *self
+            .tally
+            .applied
+            .entry(ev.perspective_name.clone())
+            .or_default() += 1;
+        self.outcome.applied += 1;
+        self.done.push(ev.event_work_id);
+    }
+
+    /// The transaction will not commit: forget its marks, return the error.
+    fn abandon<E>(self, ctx: &ApplyContext, error: E) -> ApplyBatchError
+    where
+        ApplyBatchError: From<E>,
+    {
+        self.marks.forget(ctx);
+        ApplyBatchError::from(error)
+    }
+}
+
 fn is_cooled(ctx: &ApplyContext, id: Uuid) -> bool {
     ctx.cooldown.as_ref().is_some_and(|c| c.is_cooled(id))
 }
@@ -219,64 +263,51 @@ async fn apply_fast(
     lanes: &[Lane],
 ) -> Result<Option<BatchOutcome>, ApplyBatchError> {
     let mut tx = ctx.store.pool().begin().await?;
-    let mut marks = Marks::default();
-    let mut tally = Tally::default();
-    let mut done = Vec::new();
-    let mut outcome = BatchOutcome::default();
+    let mut pass = Pass::default();
     for lane in lanes {
         for ev in &lane.events {
             if is_cooled(ctx, ev.event_work_id) {
-                *tally.cooled.entry(ev.perspective_name.clone()).or_default() += 1;
-                outcome.cooled += 1;
-                done.push(ev.event_work_id);
+                pass.cooled(ev);
                 continue;
             }
             match timed_apply(lane.perspective.as_ref(), ev, &mut tx).await {
-                Ok(()) => {
-                    marks.mark(ctx, lane.perspective.as_ref(), ev.event_work_id);
-                    *tally
-                        .applied
-                        .entry(ev.perspective_name.clone())
-                        .or_default() += 1;
-                    outcome.applied += 1;
-                    done.push(ev.event_work_id);
-                }
+                Ok(()) => pass.applied(ctx, lane.perspective.as_ref(), ev),
                 Err(ApplyError::Unavailable(reason)) => {
-                    marks.forget(ctx);
+                    pass.marks.forget(ctx);
                     return Err(ApplyBatchError::Unavailable(reason));
                 }
                 Err(_) => {
                     // Dropping `tx` rolls back; the careful pass sorts the batch out.
                     drop(tx);
-                    marks.forget(ctx);
+                    pass.marks.forget(ctx);
                     return Ok(None);
                 }
             }
         }
     }
-    finish(ctx, tx, marks, tally, done, outcome).await.map(Some)
+    finish(ctx, tx, pass).await.map(Some)
 }
 
-/// Completes `done` in the transaction and commits; a lost lease rolls everything back.
+/// Completes the pass's rows in the transaction and commits; a lost lease rolls everything back.
 async fn finish(
     ctx: &ApplyContext,
     mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
-    marks: Marks,
-    tally: Tally,
-    done: Vec<Uuid>,
-    mut outcome: BatchOutcome,
+    pass: Pass,
 ) -> Result<BatchOutcome, ApplyBatchError> {
-    let completed = match complete_in(&mut tx, ctx.instance, &done).await {
+    let completed = match complete_in(&mut tx, ctx.instance, &pass.done).await {
         Ok(n) => n,
-        Err(e) => {
-            marks.forget(ctx);
-            return Err(e.into());
-        }
+        Err(e) => return Err(pass.abandon(ctx, e)),
     };
-    if completed as usize != done.len() {
+    if completed as usize != pass.done.len() {
         // Some row was taken over by another instance: our writes must not commit, or its new
         // owner would apply them a second time.
         drop(tx);
+        let Pass {
+            marks,
+            done,
+            outcome,
+            ..
+        } = pass;
         marks.forget(ctx);
         let released = ctx.store.release_unstarted(ctx.instance, &done).await? as usize;
         tracing::warn!(
@@ -291,12 +322,10 @@ async fn finish(
         });
     }
     if let Err(e) = tx.commit().await {
-        marks.forget(ctx);
-        return Err(e.into());
+        return Err(pass.abandon(ctx, e));
     }
-    tally.publish();
-    outcome.lease_lost = false;
-    Ok(outcome)
+    pass.tally.publish();
+    Ok(pass.outcome)
 }
 
 /// One savepoint per event: charge only failing rows, dead-letter permanent failures.
@@ -305,37 +334,31 @@ async fn apply_careful(
     lanes: &[Lane],
 ) -> Result<BatchOutcome, ApplyBatchError> {
     let mut tx = ctx.store.pool().begin().await?;
-    let mut marks = Marks::default();
-    let mut tally = Tally::default();
-    let mut done = Vec::new();
-    let mut outcome = BatchOutcome::default();
+    let mut pass = Pass::default();
     for lane in lanes {
         for (i, ev) in lane.events.iter().enumerate() {
             if is_cooled(ctx, ev.event_work_id) {
-                *tally.cooled.entry(ev.perspective_name.clone()).or_default() += 1;
-                outcome.cooled += 1;
-                done.push(ev.event_work_id);
+                pass.cooled(ev);
                 continue;
             }
-            let mut savepoint = tx.begin().await?;
+            let mut savepoint = match tx.begin().await {
+                Ok(sp) => sp,
+                Err(e) => return Err(pass.abandon(ctx, e)),
+            };
             let result = timed_apply(lane.perspective.as_ref(), ev, &mut savepoint).await;
+            let settled = match &result {
+                Ok(()) => savepoint.commit().await,
+                Err(_) => savepoint.rollback().await,
+            };
+            if let Err(e) = settled {
+                return Err(pass.abandon(ctx, e));
+            }
             match result {
-                Ok(()) => {
-                    savepoint.commit().await?;
-                    marks.mark(ctx, lane.perspective.as_ref(), ev.event_work_id);
-                    *tally
-                        .applied
-                        .entry(ev.perspective_name.clone())
-                        .or_default() += 1;
-                    outcome.applied += 1;
-                    done.push(ev.event_work_id);
-                }
+                Ok(()) => pass.applied(ctx, lane.perspective.as_ref(), ev),
                 Err(ApplyError::Unavailable(reason)) => {
-                    marks.forget(ctx);
-                    return Err(ApplyBatchError::Unavailable(reason));
+                    return Err(pass.abandon(ctx, ApplyBatchError::Unavailable(reason)));
                 }
                 Err(ApplyError::Permanent(error)) => {
-                    savepoint.rollback().await?;
                     let moved = move_to_dead_letters_in(
                         &mut *tx,
                         ev.event_work_id,
@@ -347,25 +370,20 @@ async fn apply_careful(
                     match moved {
                         Ok(MoveOutcome::Moved(dead_letter_id)) => {
                             log_permanent(ctx, ev, &error, dead_letter_id);
-                            outcome.dead_lettered += 1;
+                            pass.outcome.dead_lettered += 1;
                         }
                         Ok(MoveOutcome::AlreadyGone) => {}
-                        Err(e) => {
-                            marks.forget(ctx);
-                            return Err(e.into());
-                        }
+                        Err(e) => return Err(pass.abandon(ctx, e)),
                     }
                 }
                 Err(ApplyError::Retryable(error)) => {
-                    savepoint.rollback().await?;
                     let failures = u32::try_from(ev.failures).unwrap_or(0).saturating_add(1);
                     let delay = retry_delay(failures, ctx.backoff_base, ctx.backoff_max);
-                    if let Err(e) =
+                    let recorded =
                         record_failure_in(&mut *tx, ctx.instance, ev.event_work_id, &error, delay)
-                            .await
-                    {
-                        marks.forget(ctx);
-                        return Err(e.into());
+                            .await;
+                    if let Err(e) = recorded {
+                        return Err(pass.abandon(ctx, e));
                     }
                     tracing::info!(
                         perspective = %ev.perspective_name,
@@ -378,29 +396,27 @@ async fn apply_careful(
                         %error,
                         "apply failed; the event is parked and will be retried"
                     );
-                    *tally
+                    *pass
+                        .tally
                         .failures
                         .entry(ev.perspective_name.clone())
                         .or_default() += 1;
-                    outcome.failed += 1;
+                    pass.outcome.failed += 1;
                     // The rows behind it wait, uncharged.
                     let behind: Vec<Uuid> = lane.events[i + 1..]
                         .iter()
                         .map(|e| e.event_work_id)
                         .collect();
                     match release_unstarted_in(&mut *tx, ctx.instance, &behind).await {
-                        Ok(n) => outcome.released += n as usize,
-                        Err(e) => {
-                            marks.forget(ctx);
-                            return Err(e.into());
-                        }
+                        Ok(n) => pass.outcome.released += n as usize,
+                        Err(e) => return Err(pass.abandon(ctx, e)),
                     }
                     break;
                 }
             }
         }
     }
-    let result = finish(ctx, tx, marks, tally, done, outcome).await?;
+    let result = finish(ctx, tx, pass).await?;
     if !result.lease_lost && result.released > 0 {
         metrics::counter!(m::LEASES_RELEASED_TOTAL).increment(result.released as u64);
     }

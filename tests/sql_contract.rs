@@ -1,0 +1,1903 @@
+//! The database contract (SPEC §1.1, §1.4, §1.5, §2), tested against the SQL of `migrations/`:
+//! one test per rule, each written so that it fails when its rule is broken. The doc comment of
+//! every test names the mutations of the SQL it catches.
+//!
+//! Every instance that claims is registered with `heartbeat` first: an instance id without a row
+//! in `wh_service_instances` is a dead holder, whose leases anyone may take over.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::PgPool;
+use uuid::Uuid;
+use vantage::store::{
+    AppendedEvent, ClaimedHead, InstanceId, InstanceInfo, MoveOutcome, NewEvent, Store, StoreError,
+    StoreOptions, WorkRow, FAILURE_MAX_ATTEMPTS, MIGRATOR, SOURCE_TABLE,
+};
+
+type TestResult = anyhow::Result<()>;
+
+/// Long enough never to lapse during a test; expiry is simulated by poking `lease_expiry`.
+const LEASE: Duration = Duration::from_secs(60);
+/// A row budget large enough not to matter.
+const BIG: u32 = 1000;
+
+// ------------------------------------------------------------------------------------------
+// Harness
+// ------------------------------------------------------------------------------------------
+
+/// A migrated store on a fresh database. `store` is declared first so the pool is dropped
+/// before the database.
+struct Ctx {
+    store: Store,
+    db: common::TestDatabase,
+}
+
+async fn setup() -> anyhow::Result<Ctx> {
+    setup_schema("vantage").await
+}
+
+async fn setup_schema(schema: &str) -> anyhow::Result<Ctx> {
+    let db = common::fresh_database().await;
+    let store = connect(&db, schema).await?;
+    store.migrate().await?;
+    Ok(Ctx { store, db })
+}
+
+async fn connect(db: &common::TestDatabase, schema: &str) -> anyhow::Result<Store> {
+    let mut opts = StoreOptions::for_url(&db.url);
+    opts.schema = schema.to_string();
+    Ok(Store::connect(&opts).await?)
+}
+
+/// A pool on the test database with the server's default search_path (no vantage schema).
+async fn plain_pool(db: &common::TestDatabase) -> anyhow::Result<PgPool> {
+    Ok(PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&db.url)
+        .await?)
+}
+
+/// A registered (live) instance.
+async fn live_instance(store: &Store) -> anyhow::Result<InstanceId> {
+    let id = InstanceId::new();
+    store
+        .heartbeat(id, &InstanceInfo::current("vantage-sql-contract"))
+        .await?;
+    Ok(id)
+}
+
+async fn perspective(store: &Store, name: &str, types: &[&str]) -> anyhow::Result<()> {
+    let types: Vec<String> = types.iter().map(|t| t.to_string()).collect();
+    store.register_perspective(name, &types).await?;
+    Ok(())
+}
+
+fn names(list: &[&str]) -> Vec<String> {
+    list.iter().map(|n| n.to_string()).collect()
+}
+
+fn events(types: &[&str]) -> Vec<NewEvent> {
+    types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| NewEvent::new(*t, json!({ "type": t, "n": i })))
+        .collect()
+}
+
+async fn append(store: &Store, stream: Uuid, types: &[&str]) -> anyhow::Result<Vec<AppendedEvent>> {
+    Ok(store.append_events(stream, None, &events(types)).await?)
+}
+
+/// A work row as stored.
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+struct Work {
+    event_work_id: Uuid,
+    stream_id: Uuid,
+    event_id: Uuid,
+    stream_version: i32,
+    perspective_name: String,
+    attempts: i32,
+    failures: i32,
+    last_error: Option<String>,
+    instance_id: Option<Uuid>,
+    lease_expiry: Option<DateTime<Utc>>,
+    scheduled_for: DateTime<Utc>,
+}
+
+const WORK_COLUMNS: &str = "event_work_id, stream_id, event_id, stream_version, perspective_name, \
+    attempts, failures, last_error, instance_id, lease_expiry, scheduled_for";
+
+async fn work(store: &Store, id: Uuid) -> anyhow::Result<Option<Work>> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {WORK_COLUMNS} FROM wh_perspective_events WHERE event_work_id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(store.pool())
+    .await?)
+}
+
+async fn must_work(store: &Store, id: Uuid) -> anyhow::Result<Work> {
+    work(store, id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("work row {id} is gone"))
+}
+
+/// The rows of one lane, in stream_version order.
+async fn lane(store: &Store, stream: Uuid, perspective: &str) -> anyhow::Result<Vec<Work>> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {WORK_COLUMNS} FROM wh_perspective_events \
+         WHERE stream_id = $1 AND perspective_name = $2 ORDER BY stream_version"
+    ))
+    .bind(stream)
+    .bind(perspective)
+    .fetch_all(store.pool())
+    .await?)
+}
+
+/// Every work row, in a stable order.
+async fn all_work(store: &Store) -> anyhow::Result<Vec<Work>> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {WORK_COLUMNS} FROM wh_perspective_events \
+         ORDER BY stream_id, perspective_name, stream_version"
+    ))
+    .fetch_all(store.pool())
+    .await?)
+}
+
+async fn work_id(store: &Store, event_id: Uuid, perspective: &str) -> anyhow::Result<Uuid> {
+    Ok(sqlx::query_scalar(
+        "SELECT event_work_id FROM wh_perspective_events \
+         WHERE event_id = $1 AND perspective_name = $2",
+    )
+    .bind(event_id)
+    .bind(perspective)
+    .fetch_one(store.pool())
+    .await?)
+}
+
+/// True when the row is leased and its lease has not lapsed (judged by the database clock).
+async fn lease_valid(store: &Store, id: Uuid) -> anyhow::Result<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT coalesce(lease_expiry > now(), false) FROM wh_perspective_events \
+         WHERE event_work_id = $1",
+    )
+    .bind(id)
+    .fetch_one(store.pool())
+    .await?)
+}
+
+/// Runs a statement with one uuid[] parameter (pokes rows to simulate time passing).
+async fn poke(store: &Store, sql: &str, ids: &[Uuid]) -> anyhow::Result<u64> {
+    Ok(sqlx::query(sql)
+        .bind(ids)
+        .execute(store.pool())
+        .await?
+        .rows_affected())
+}
+
+async fn expire(store: &Store, ids: &[Uuid]) -> anyhow::Result<()> {
+    let n = poke(
+        store,
+        "UPDATE wh_perspective_events SET lease_expiry = now() - interval '1 second' \
+         WHERE event_work_id = ANY ($1)",
+        ids,
+    )
+    .await?;
+    assert_eq!(n, ids.len() as u64, "every row to expire exists");
+    Ok(())
+}
+
+async fn count(store: &Store, sql: &str) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(sql).fetch_one(store.pool()).await?)
+}
+
+async fn orphaned(store: &Store, instance: InstanceId) -> anyhow::Result<Vec<ClaimedHead>> {
+    Ok(store
+        .claim_orphaned(instance, LEASE, BIG, BIG, None)
+        .await?)
+}
+
+async fn fetch(
+    store: &Store,
+    instance: InstanceId,
+    streams: &[Uuid],
+) -> anyhow::Result<Vec<WorkRow>> {
+    Ok(store
+        .get_stream_events(instance, streams, LEASE, None, Some(BIG))
+        .await?)
+}
+
+/// `claim_and_fetch_pending_perspective_events` with an explicit row budget (the Rust wrapper
+/// passes none; that path is covered by `first_claim_sets_attempts_to_one` and
+/// `unbounded_get_stream_events_works_for_one_and_two_lanes`).
+async fn claim_lane(
+    store: &Store,
+    instance: InstanceId,
+    stream: Uuid,
+    perspective: &str,
+) -> anyhow::Result<Vec<(Uuid, Uuid, i32, i32)>> {
+    Ok(sqlx::query_as(
+        "SELECT event_work_id, event_id, stream_version, attempts \
+         FROM claim_and_fetch_pending_perspective_events($1, $2, $3, $4, $5)",
+    )
+    .bind(stream)
+    .bind(perspective)
+    .bind(instance.0)
+    .bind(LEASE.as_secs() as i32)
+    .bind(BIG as i32)
+    .fetch_all(store.pool())
+    .await?)
+}
+
+/// claim_orphaned, then get_stream_events on every stream given: what the daemon does.
+async fn claim_streams(
+    store: &Store,
+    instance: InstanceId,
+    streams: &[Uuid],
+) -> anyhow::Result<Vec<WorkRow>> {
+    orphaned(store, instance).await?;
+    fetch(store, instance, streams).await
+}
+
+fn ids_of(rows: &[WorkRow]) -> Vec<Uuid> {
+    rows.iter().map(|r| r.event_work_id).collect()
+}
+
+fn versions(rows: &[Work]) -> Vec<i32> {
+    rows.iter().map(|r| r.stream_version).collect()
+}
+
+/// Versions of every up migration of this build.
+fn all_migrations() -> Vec<i64> {
+    MIGRATOR
+        .iter()
+        .filter(|m| m.migration_type.is_up_migration())
+        .map(|m| m.version)
+        .collect()
+}
+
+fn sqlstate(e: &sqlx::Error) -> Option<String> {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.into_owned())
+}
+
+// ------------------------------------------------------------------------------------------
+// §1.1 Attempts
+// ------------------------------------------------------------------------------------------
+
+/// Rule 1. The first claim is a takeover (NULL → caller): attempts becomes exactly 1, through
+/// `claim_orphaned` (the head only) + `get_stream_events` (the rest of the lane), and through
+/// `claim_and_fetch_pending`. Catches: no bump on NULL → caller (0), a bump of more than one, the
+/// head bumped twice (by claim_orphaned and again by get_stream_events re-leasing it), and
+/// claim_orphaned leasing more than the head.
+#[tokio::test]
+async fn first_claim_sets_attempts_to_one() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["A"]).await?;
+    perspective(store, "P2", &["B"]).await?;
+    let a = live_instance(store).await?;
+    let s1 = Uuid::new_v4();
+    let s2 = Uuid::new_v4();
+    append(store, s1, &["A", "A", "A"]).await?;
+    append(store, s2, &["B", "B"]).await?;
+
+    // claim_orphaned: the head of the lane, attempts 1; the rest untouched.
+    let heads = store
+        .claim_orphaned(a, LEASE, BIG, BIG, Some(names(&["P1"]).as_slice()))
+        .await?;
+    let l1 = lane(store, s1, "P1").await?;
+    assert_eq!(heads.len(), 1, "one lane, one head: {heads:?}");
+    assert_eq!(heads[0].event_work_id, l1[0].event_work_id);
+    assert_eq!((l1[0].attempts, l1[0].instance_id), (1, Some(a.0)));
+    assert!(lease_valid(store, l1[0].event_work_id).await?);
+    for w in &l1[1..] {
+        assert_eq!(
+            (w.attempts, w.instance_id),
+            (0, None),
+            "only the head is claimed"
+        );
+    }
+
+    // get_stream_events: claims the rest; the head (already ours) is not bumped again.
+    let rows = fetch(store, a, &[s1]).await?;
+    assert_eq!(
+        rows.iter()
+            .map(|r| (r.stream_version, r.attempts))
+            .collect::<Vec<_>>(),
+        vec![(1, 1), (2, 1), (3, 1)]
+    );
+    for w in lane(store, s1, "P1").await? {
+        assert_eq!((w.attempts, w.instance_id), (1, Some(a.0)), "{w:?}");
+    }
+
+    // claim_and_fetch_pending (the Rust wrapper, as the daemon calls it).
+    let pending = store.claim_and_fetch_pending(s2, "P2", a, LEASE).await?;
+    assert_eq!(
+        pending.iter().map(|p| (p.2, p.3)).collect::<Vec<_>>(),
+        vec![(1, 1), (2, 1)]
+    );
+    for w in lane(store, s2, "P2").await? {
+        assert_eq!((w.attempts, w.instance_id), (1, Some(a.0)), "{w:?}");
+        assert!(lease_valid(store, w.event_work_id).await?);
+    }
+    Ok(())
+}
+
+/// Rule 2. Fetching rows still validly leased to the caller changes neither attempts nor
+/// lease_expiry, whichever claim function fetches them. Catches: re-extending valid own leases
+/// (lease_expiry moves), bumping attempts on own rows, claim_orphaned re-acquiring own lanes.
+#[tokio::test]
+async fn refetch_of_own_valid_lease_changes_nothing() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["*"]).await?;
+    let a = live_instance(store).await?;
+    let s = Uuid::new_v4();
+    append(store, s, &["A", "B", "C"]).await?;
+
+    let first = claim_streams(store, a, &[s]).await?;
+    assert_eq!(first.len(), 3);
+    let before = lane(store, s, "P1").await?;
+    assert!(before
+        .iter()
+        .all(|w| w.attempts == 1 && w.instance_id == Some(a.0)));
+
+    // Let the database clock move on, so a re-extended lease would show.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    assert!(
+        orphaned(store, a).await?.is_empty(),
+        "own valid lanes are not re-acquired"
+    );
+    let again = fetch(store, a, &[s]).await?;
+    assert_eq!(ids_of(&again), ids_of(&first), "the same rows are returned");
+    assert!(again.iter().all(|r| r.attempts == 1), "{again:?}");
+    let lane_again = claim_lane(store, a, s, "P1").await?;
+    assert_eq!(lane_again.len(), 3);
+    assert!(lane_again.iter().all(|r| r.3 == 1), "{lane_again:?}");
+
+    assert_eq!(
+        lane(store, s, "P1").await?,
+        before,
+        "attempts and lease_expiry unchanged"
+    );
+    Ok(())
+}
+
+/// Rule 3. An instance re-leasing its own expired rows does not bump attempts, but the lease is
+/// renewed (lease_expiry moves into the future) — through claim_orphaned + get_stream_events,
+/// get_stream_events alone, and claim_and_fetch_pending. Catches: treating "own but expired" as
+/// a takeover (attempts 2), and not renewing an expired own lease (rows not returned, or
+/// returned with a lapsed lease).
+#[tokio::test]
+async fn own_expired_lease_is_released_to_self_without_bump() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["A"]).await?;
+    perspective(store, "P2", &["B"]).await?;
+    perspective(store, "P3", &["C"]).await?;
+    let a = live_instance(store).await?;
+    let (s1, s2, s3) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    append(store, s1, &["A", "A", "A"]).await?;
+    append(store, s2, &["B", "B"]).await?;
+    append(store, s3, &["C", "C"]).await?;
+
+    let claimed = claim_streams(store, a, &[s1, s2, s3]).await?;
+    assert_eq!(claimed.len(), 7);
+    assert!(claimed.iter().all(|r| r.attempts == 1));
+    expire(store, &ids_of(&claimed)).await?;
+    let expired: HashMap<Uuid, Work> = all_work(store)
+        .await?
+        .into_iter()
+        .map(|w| (w.event_work_id, w))
+        .collect();
+
+    let check = |w: &Work| {
+        assert_eq!(
+            w.attempts, 1,
+            "own expired lease re-leased without a bump: {w:?}"
+        );
+        assert_eq!(w.instance_id, Some(a.0));
+        assert!(
+            w.lease_expiry > expired[&w.event_work_id].lease_expiry,
+            "lease_expiry moved forward: {w:?}"
+        );
+    };
+
+    // claim_orphaned re-acquires the expired head of lane (s1, P1), then get_stream_events the rest.
+    let heads = store
+        .claim_orphaned(a, LEASE, BIG, BIG, Some(names(&["P1"]).as_slice()))
+        .await?;
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    let rows = fetch(store, a, &[s1]).await?;
+    assert_eq!(rows.len(), 3);
+    assert!(rows.iter().all(|r| r.attempts == 1), "{rows:?}");
+    for w in lane(store, s1, "P1").await? {
+        check(&w);
+        assert!(lease_valid(store, w.event_work_id).await?);
+    }
+
+    // get_stream_events alone.
+    let rows = fetch(store, a, &[s2]).await?;
+    assert_eq!(rows.len(), 2);
+    assert!(rows.iter().all(|r| r.attempts == 1), "{rows:?}");
+    for w in lane(store, s2, "P2").await? {
+        check(&w);
+        assert!(lease_valid(store, w.event_work_id).await?);
+    }
+
+    // claim_and_fetch_pending.
+    let rows = claim_lane(store, a, s3, "P3").await?;
+    assert_eq!(rows.iter().map(|r| r.3).collect::<Vec<_>>(), vec![1, 1]);
+    for w in lane(store, s3, "P3").await? {
+        check(&w);
+        assert!(lease_valid(store, w.event_work_id).await?);
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// §1.5 Instances and orphans
+// ------------------------------------------------------------------------------------------
+
+/// Rule 4. Another registered, live instance cannot take a valid lease: its claim_orphaned,
+/// get_stream_events and claim_and_fetch_pending return nothing of that lane, and the rows stay
+/// as they were (while the same calls do claim an unrelated free stream). Catches: a claim that
+/// ignores lease_expiry, or treats every holder as dead (e.g. a wrong instance lookup).
+#[tokio::test]
+async fn live_instance_cannot_take_a_valid_lease() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["*"]).await?;
+    let a = live_instance(store).await?;
+    let b = live_instance(store).await?;
+    let s = Uuid::new_v4();
+    append(store, s, &["A", "B", "C"]).await?;
+    assert_eq!(claim_streams(store, a, &[s]).await?.len(), 3);
+    let before = lane(store, s, "P1").await?;
+
+    let free = Uuid::new_v4();
+    append(store, free, &["A"]).await?;
+
+    let heads = orphaned(store, b).await?;
+    assert_eq!(
+        heads.iter().map(|h| h.stream_id).collect::<Vec<_>>(),
+        vec![free],
+        "b acquires only the free stream"
+    );
+    let rows = fetch(store, b, &[s, free]).await?;
+    assert!(!rows.is_empty());
+    assert!(rows.iter().all(|r| r.stream_id == free), "{rows:?}");
+    assert!(claim_lane(store, b, s, "P1").await?.is_empty());
+
+    assert_eq!(lane(store, s, "P1").await?, before, "a's rows untouched");
+    Ok(())
+}
+
+/// Rule 5. A lapsed lease is taken over by another instance with attempts + 1; so is a lease
+/// whose holder is dead (its wh_service_instances row deleted, or removed by
+/// cleanup_dead_instances once its heartbeat aged), without waiting for expiry. Catches: no bump
+/// on a takeover from another instance, waiting for expiry despite a dead holder, a cleanup that
+/// removes live instances or keeps stale ones.
+#[tokio::test]
+async fn lapsed_or_dead_holder_lease_is_taken_over_with_bump() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["*"]).await?;
+    let b = live_instance(store).await?;
+
+    let take_over = |stream: Uuid, expect_lease_valid_before: bool| async move {
+        let before = lane(store, stream, "P1").await?;
+        assert_eq!(
+            lease_valid(store, before[0].event_work_id).await?,
+            expect_lease_valid_before
+        );
+        let heads = orphaned(store, b).await?;
+        assert_eq!(
+            heads.iter().map(|h| h.event_work_id).collect::<Vec<_>>(),
+            vec![before[0].event_work_id],
+            "b takes over exactly the head of that lane"
+        );
+        let rows = fetch(store, b, &[stream]).await?;
+        assert_eq!(rows.len(), 2);
+        assert!(rows.iter().all(|r| r.attempts == 2), "{rows:?}");
+        for w in lane(store, stream, "P1").await? {
+            assert_eq!((w.attempts, w.instance_id), (2, Some(b.0)), "{w:?}");
+            assert!(lease_valid(store, w.event_work_id).await?);
+        }
+        anyhow::Ok(())
+    };
+
+    // Expired lease of a live holder.
+    let a1 = live_instance(store).await?;
+    let s1 = Uuid::new_v4();
+    append(store, s1, &["A", "B"]).await?;
+    let rows = claim_streams(store, a1, &[s1]).await?;
+    assert_eq!(rows.len(), 2);
+    assert!(
+        orphaned(store, b).await?.is_empty(),
+        "valid lease of a live holder"
+    );
+    expire(store, &ids_of(&rows)).await?;
+    take_over(s1, false).await?;
+
+    // Valid lease of a holder whose instance row is gone (deregistered without release).
+    let a2 = live_instance(store).await?;
+    let s2 = Uuid::new_v4();
+    append(store, s2, &["A", "B"]).await?;
+    assert_eq!(claim_streams(store, a2, &[s2]).await?.len(), 2);
+    assert!(orphaned(store, b).await?.is_empty());
+    sqlx::query("DELETE FROM wh_service_instances WHERE instance_id = $1")
+        .bind(a2.0)
+        .execute(store.pool())
+        .await?;
+    take_over(s2, true).await?;
+
+    // Valid lease of a holder silent too long, removed by cleanup_dead_instances.
+    let a3 = live_instance(store).await?;
+    let s3 = Uuid::new_v4();
+    append(store, s3, &["A", "B"]).await?;
+    assert_eq!(claim_streams(store, a3, &[s3]).await?.len(), 2);
+    sqlx::query(
+        "UPDATE wh_service_instances SET last_heartbeat_at = now() - interval '1 hour' \
+         WHERE instance_id = $1",
+    )
+    .bind(a3.0)
+    .execute(store.pool())
+    .await?;
+    let removed = store
+        .cleanup_dead_instances(Duration::from_secs(60))
+        .await?;
+    assert_eq!(removed, vec![a3.0], "only the silent instance is removed");
+    assert_eq!(
+        count(store, "SELECT count(*) FROM wh_service_instances").await?,
+        2,
+        "a1 and b stay registered"
+    );
+    take_over(s3, true).await?;
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// §1.4 Ordering and failure
+// ------------------------------------------------------------------------------------------
+
+/// Rule 6. record_perspective_event_failure: failures + 1, last_error set, lease cleared,
+/// attempts untouched, parked until scheduled_for (by the interval or by p_retry_after_seconds);
+/// no claim function takes it before, any takes it after, and that claim bumps attempts (even
+/// for the instance that failed it). Catches: not clearing the lease, not parking (claimable at
+/// once), ignoring scheduled_for in a claim, bumping attempts in the failure itself, losing
+/// failures/last_error on the next claim.
+#[tokio::test]
+async fn failure_parks_the_row_until_scheduled_for() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["*"]).await?;
+    let a = live_instance(store).await?;
+    let b = live_instance(store).await?;
+    let s = Uuid::new_v4();
+    append(store, s, &["A"]).await?;
+    let id = claim_streams(store, a, &[s]).await?[0].event_work_id;
+
+    assert!(
+        store
+            .record_failure(a, id, "boom", Duration::from_secs(3600))
+            .await?
+    );
+    let w = must_work(store, id).await?;
+    assert_eq!(
+        (
+            w.attempts,
+            w.failures,
+            w.last_error.as_deref(),
+            w.instance_id,
+            w.lease_expiry
+        ),
+        (1, 1, Some("boom"), None, None)
+    );
+    let parked: bool = sqlx::query_scalar(
+        "SELECT scheduled_for > now() + interval '59 minutes' FROM wh_perspective_events \
+         WHERE event_work_id = $1",
+    )
+    .bind(id)
+    .fetch_one(store.pool())
+    .await?;
+    assert!(parked, "parked for the backoff: {w:?}");
+
+    // Not claimable before scheduled_for, by anyone, through any claim function.
+    for inst in [a, b] {
+        assert!(orphaned(store, inst).await?.is_empty());
+        assert!(fetch(store, inst, &[s]).await?.is_empty());
+        assert!(claim_lane(store, inst, s, "P1").await?.is_empty());
+    }
+    assert_eq!(
+        must_work(store, id).await?,
+        w,
+        "nothing changed while parked"
+    );
+
+    // The contract's own signature: a backoff in whole seconds (no interval override).
+    let s2 = Uuid::new_v4();
+    append(store, s2, &["A"]).await?;
+    let id2 = fetch(store, a, &[s2]).await?[0].event_work_id;
+    let ok: bool = sqlx::query_scalar("SELECT record_perspective_event_failure($1, $2, 'bad', 30)")
+        .bind(a.0)
+        .bind(id2)
+        .fetch_one(store.pool())
+        .await?;
+    assert!(ok);
+    let in_window: bool = sqlx::query_scalar(
+        "SELECT scheduled_for BETWEEN now() + interval '29 seconds' AND now() + interval '31 seconds' \
+         FROM wh_perspective_events WHERE event_work_id = $1",
+    )
+    .bind(id2)
+    .fetch_one(store.pool())
+    .await?;
+    assert!(in_window, "parked for p_retry_after_seconds");
+
+    // Once due it is claimable again, and the claim is a takeover: attempts + 1.
+    poke(
+        store,
+        "UPDATE wh_perspective_events SET scheduled_for = now() - interval '1 second' \
+         WHERE event_work_id = ANY ($1)",
+        &[id],
+    )
+    .await?;
+    let heads = orphaned(store, a).await?;
+    assert_eq!(
+        heads.iter().map(|h| h.event_work_id).collect::<Vec<_>>(),
+        vec![id],
+        "the due row is claimed, the row still parked (s2) is not"
+    );
+    let rows = fetch(store, a, &[s]).await?;
+    assert_eq!((rows[0].attempts, rows[0].failures), (2, 1));
+    let w = must_work(store, id).await?;
+    assert_eq!(
+        (
+            w.attempts,
+            w.failures,
+            w.last_error.as_deref(),
+            w.instance_id
+        ),
+        (2, 1, Some("boom"), Some(a.0))
+    );
+
+    // A second failure with no backoff: failures 2, attempts still 2, due at once; b's claim
+    // bumps attempts to 3.
+    assert!(
+        store
+            .record_failure(a, id, "boom again", Duration::ZERO)
+            .await?
+    );
+    let w = must_work(store, id).await?;
+    assert_eq!(
+        (
+            w.attempts,
+            w.failures,
+            w.last_error.as_deref(),
+            w.instance_id
+        ),
+        (2, 2, Some("boom again"), None)
+    );
+    let rows = fetch(store, b, &[s]).await?;
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].attempts, rows[0].failures), (3, 2));
+    Ok(())
+}
+
+/// Rule 7. Head-of-line gate: rows behind a parked row, and behind a row leased by another live
+/// instance, in the same (stream, perspective) are neither claimed nor returned by any claim
+/// function; rows of other streams, and of the same stream in another perspective, are.
+/// Catches: get_stream_events filtering rows one by one instead of by lane prefix, claim_orphaned
+/// acquiring a non-head row, gating per stream instead of per lane (or not at all).
+#[tokio::test]
+async fn head_of_line_gate_blocks_only_the_lane() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["*"]).await?;
+    perspective(store, "P2", &["*"]).await?;
+    let a = live_instance(store).await?;
+    let b = live_instance(store).await?;
+    let parked_stream = Uuid::new_v4();
+    let leased_stream = Uuid::new_v4();
+    let free_stream = Uuid::new_v4();
+    let lane_stream = Uuid::new_v4();
+    for s in [parked_stream, leased_stream, free_stream, lane_stream] {
+        append(store, s, &["A", "B", "C"]).await?;
+    }
+    let p1 = names(&["P1"]);
+
+    // (parked_stream, P1): b leases the head only and fails it: parked for an hour.
+    let head = store
+        .get_stream_events(b, &[parked_stream], LEASE, Some(p1.as_slice()), Some(1))
+        .await?;
+    assert_eq!(head.len(), 1);
+    assert_eq!(head[0].stream_version, 1);
+    assert!(
+        store
+            .record_failure(b, head[0].event_work_id, "boom", Duration::from_secs(3600))
+            .await?
+    );
+    // (leased_stream, P1): b leases the head only and keeps it.
+    let head = store
+        .get_stream_events(b, &[leased_stream], LEASE, Some(p1.as_slice()), Some(1))
+        .await?;
+    assert_eq!(head.len(), 1);
+    assert_eq!(head[0].stream_version, 1);
+
+    let blocked = [(parked_stream, "P1"), (leased_stream, "P1")];
+    let mut blocked_before = Vec::new();
+    for (s, p) in blocked {
+        let l = lane(store, s, p).await?;
+        assert!(
+            l[1..]
+                .iter()
+                .all(|w| w.instance_id.is_none() && w.attempts == 0),
+            "rows behind the head are unowned and due: {l:?}"
+        );
+        blocked_before.push(l);
+    }
+
+    let is_blocked = |stream: Uuid, p: &str| blocked.contains(&(stream, p));
+
+    // claim_orphaned: never a row of a blocked lane; one head per other stream.
+    let heads = orphaned(store, a).await?;
+    assert!(
+        heads
+            .iter()
+            .all(|h| !is_blocked(h.stream_id, &h.perspective_name)),
+        "{heads:?}"
+    );
+    let head_streams: BTreeSet<Uuid> = heads.iter().map(|h| h.stream_id).collect();
+    assert_eq!(
+        head_streams,
+        [parked_stream, leased_stream, free_stream, lane_stream].into(),
+        "every stream has a claimable lane"
+    );
+
+    // claim_and_fetch_pending: nothing of the blocked lanes; a fresh lane is claimed.
+    for (s, p) in blocked {
+        assert!(claim_lane(store, a, s, p).await?.is_empty(), "{p} of {s}");
+    }
+    let lane_rows = claim_lane(store, a, lane_stream, "P1").await?;
+    assert_eq!(
+        lane_rows.iter().map(|r| r.2).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+
+    // get_stream_events: everything but the blocked lanes.
+    let rows = fetch(
+        store,
+        a,
+        &[parked_stream, leased_stream, free_stream, lane_stream],
+    )
+    .await?;
+    let got: BTreeSet<(Uuid, String, i32)> = rows
+        .iter()
+        .map(|r| (r.stream_id, r.perspective_name.clone(), r.stream_version))
+        .collect();
+    let mut want = BTreeSet::new();
+    for s in [parked_stream, leased_stream, free_stream, lane_stream] {
+        for p in ["P1", "P2"] {
+            if !is_blocked(s, p) {
+                for v in 1..=3 {
+                    want.insert((s, p.to_string(), v));
+                }
+            }
+        }
+    }
+    assert_eq!(got, want);
+
+    // A second instance sees no more than a does.
+    let c = live_instance(store).await?;
+    assert!(orphaned(store, c).await?.is_empty());
+    assert!(fetch(store, c, &[parked_stream, leased_stream])
+        .await?
+        .is_empty());
+
+    for ((s, p), before) in blocked.iter().zip(blocked_before) {
+        assert_eq!(lane(store, *s, p).await?, before, "blocked lane untouched");
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// Dead letters
+// ------------------------------------------------------------------------------------------
+
+#[derive(Debug, PartialEq, sqlx::FromRow)]
+struct DeadLetterRow {
+    dead_letter_id: Uuid,
+    source_table: String,
+    source_id: Uuid,
+    stream_id: Uuid,
+    event_id: Uuid,
+    global_position: i64,
+    stream_version: i32,
+    event_type: Option<String>,
+    perspective_name: String,
+    failure_reason: String,
+    error_text: Option<String>,
+    attempts_when_dlq: i32,
+    failures_when_dlq: i32,
+    dead_lettered_by: Option<Uuid>,
+    status: String,
+    status_changed_at: DateTime<Utc>,
+}
+
+async fn dead_letters(store: &Store) -> anyhow::Result<Vec<DeadLetterRow>> {
+    Ok(sqlx::query_as(
+        "SELECT dead_letter_id, source_table, source_id, stream_id, event_id, global_position, \
+                stream_version, event_type, perspective_name, failure_reason, error_text, \
+                attempts_when_dlq, failures_when_dlq, dead_lettered_by, status, status_changed_at \
+         FROM wh_dead_letters ORDER BY dead_lettered_at, dead_letter_id",
+    )
+    .fetch_all(store.pool())
+    .await?)
+}
+
+async fn history_kinds(store: &Store, id: Uuid) -> anyhow::Result<Vec<String>> {
+    Ok(store
+        .dead_letter_history(id)
+        .await?
+        .into_iter()
+        .map(|h| h.kind)
+        .collect())
+}
+
+/// Rule 8. move_to_dead_letters deletes the work row and inserts the dead letter atomically
+/// (neither visible from outside before commit, both after), copies the row's fields,
+/// carries last_error into error_text, writes one Exhausted record, returns NULL the second time
+/// and raises for an unknown source table without changing anything. Catches: a non-atomic
+/// two-step move, a wrong or missing copied field (stream_version ≠ global_position here, so a
+/// swap shows), dropping last_error, a duplicate dead letter or history record on a repeated
+/// move, silently accepting an unknown table.
+#[tokio::test]
+async fn move_to_dead_letters_is_atomic_and_idempotent() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["*"]).await?;
+    let a = live_instance(store).await?;
+    // Another stream first, so global positions and stream versions differ.
+    append(store, Uuid::new_v4(), &["X", "X", "X"]).await?;
+    let s = Uuid::new_v4();
+    let appended = append(store, s, &["Fine", "Poison", "Later"]).await?;
+    let rows = claim_streams(store, a, &[s]).await?;
+    assert_eq!(rows.len(), 3);
+    let poison = work_id(store, appended[1].event_id, "P1").await?;
+    let later = work_id(store, appended[2].event_id, "P1").await?;
+    poke(
+        store,
+        "UPDATE wh_perspective_events SET attempts = 11, failures = 3, last_error = 'kaboom' \
+         WHERE event_work_id = ANY ($1)",
+        &[poison],
+    )
+    .await?;
+
+    let dl_id = Uuid::new_v4();
+    let both = "SELECT (SELECT count(*) FROM wh_perspective_events WHERE event_work_id = $1), \
+                       (SELECT count(*) FROM wh_dead_letters WHERE source_id = $1)";
+    let mut tx = store.pool().begin().await?;
+    let moved: Option<Uuid> =
+        sqlx::query_scalar("SELECT move_to_dead_letters($1, $2, $3, $4, $5, $6)")
+            .bind(dl_id)
+            .bind(SOURCE_TABLE)
+            .bind(poison)
+            .bind(FAILURE_MAX_ATTEMPTS)
+            .bind("too many attempts")
+            .bind(a.0)
+            .fetch_one(&mut *tx)
+            .await?;
+    assert_eq!(moved, Some(dl_id));
+    let outside: (i64, i64) = sqlx::query_as(both)
+        .bind(poison)
+        .fetch_one(store.pool())
+        .await?;
+    assert_eq!(outside, (1, 0), "nothing visible before commit");
+    tx.commit().await?;
+    let after: (i64, i64) = sqlx::query_as(both)
+        .bind(poison)
+        .fetch_one(store.pool())
+        .await?;
+    assert_eq!(after, (0, 1), "both visible together after commit");
+
+    let dls = dead_letters(store).await?;
+    assert_eq!(dls.len(), 1);
+    let dl = &dls[0];
+    let error_text = dl.error_text.clone().unwrap_or_default();
+    assert!(error_text.contains("too many attempts"), "{error_text}");
+    assert!(
+        error_text.contains("kaboom"),
+        "carries last_error: {error_text}"
+    );
+    assert_eq!(
+        (
+            dl.dead_letter_id,
+            dl.source_table.as_str(),
+            dl.source_id,
+            dl.stream_id,
+            dl.event_id,
+            dl.global_position,
+            dl.stream_version,
+        ),
+        (
+            dl_id,
+            SOURCE_TABLE,
+            poison,
+            s,
+            appended[1].event_id,
+            appended[1].global_position,
+            2,
+        )
+    );
+    assert_eq!(
+        (
+            dl.event_type.as_deref(),
+            dl.perspective_name.as_str(),
+            dl.failure_reason.as_str(),
+            dl.attempts_when_dlq,
+            dl.failures_when_dlq,
+            dl.dead_lettered_by,
+            dl.status.as_str(),
+        ),
+        (
+            Some("Poison"),
+            "P1",
+            FAILURE_MAX_ATTEMPTS,
+            11,
+            3,
+            Some(a.0),
+            "exhausted",
+        )
+    );
+    assert_eq!(appended[1].global_position, 5);
+    assert_eq!(history_kinds(store, dl_id).await?, vec!["Exhausted"]);
+
+    // Second time: NULL, nothing new.
+    let again = store
+        .move_to_dead_letters(poison, FAILURE_MAX_ATTEMPTS, "again", Some(a))
+        .await?;
+    assert_eq!(again, MoveOutcome::AlreadyGone);
+    assert_eq!(dead_letters(store).await?, dls);
+    assert_eq!(history_kinds(store, dl_id).await?, vec!["Exhausted"]);
+
+    // Unknown source table: raises, changes nothing.
+    let before = all_work(store).await?;
+    let err = sqlx::query_scalar::<_, Option<Uuid>>(
+        "SELECT move_to_dead_letters($1, 'wh_nonexistent', $2, $3, 'x', $4)",
+    )
+    .bind(Uuid::new_v4())
+    .bind(later)
+    .bind(FAILURE_MAX_ATTEMPTS)
+    .bind(a.0)
+    .fetch_one(store.pool())
+    .await;
+    assert!(err.is_err(), "unknown source table must raise: {err:?}");
+    assert_eq!(all_work(store).await?, before);
+    assert_eq!(dead_letters(store).await?, dls);
+    assert_eq!(
+        count(store, "SELECT count(*) FROM wh_dead_letter_history").await?,
+        1
+    );
+    Ok(())
+}
+
+/// Rule 11. requeue_dead_letter works once: the work row is back (attempts 0, unleased, due now
+/// and claimable), status 'requeued', a Requeued record; a second call returns false and changes
+/// nothing; exhausting the requeued message again reopens the same dead letter (same id, status
+/// exhausted, history Exhausted, Requeued, Exhausted). Catches: a requeue that is not a
+/// compare-and-set, a re-inserted row keeping the old attempts (instant re-dead-lettering) or a
+/// lease, a missing history record, minting a second dead letter per message.
+#[tokio::test]
+async fn requeue_dead_letter_once_then_reopen() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["*"]).await?;
+    let a = live_instance(store).await?;
+    let s = Uuid::new_v4();
+    let appended = append(store, s, &["Poison"]).await?;
+    let id = claim_streams(store, a, &[s]).await?[0].event_work_id;
+    poke(
+        store,
+        "UPDATE wh_perspective_events SET attempts = 11, failures = 2, last_error = 'kaboom' \
+         WHERE event_work_id = ANY ($1)",
+        &[id],
+    )
+    .await?;
+    let MoveOutcome::Moved(dl_id) = store
+        .move_to_dead_letters(id, FAILURE_MAX_ATTEMPTS, "first", Some(a))
+        .await?
+    else {
+        panic!("the row is there to move");
+    };
+    assert_eq!(
+        count(store, "SELECT count(*) FROM wh_perspective_events").await?,
+        0
+    );
+
+    assert!(store.requeue_dead_letter(dl_id, "ops").await?);
+    let rows = all_work(store).await?;
+    assert_eq!(rows.len(), 1);
+    let w = &rows[0];
+    assert_eq!(
+        (
+            w.event_id,
+            w.stream_id,
+            w.stream_version,
+            w.perspective_name.as_str()
+        ),
+        (appended[0].event_id, s, 1, "P1")
+    );
+    assert_eq!((w.attempts, w.instance_id, w.lease_expiry), (0, None, None));
+    let due: bool = sqlx::query_scalar(
+        "SELECT scheduled_for <= now() FROM wh_perspective_events WHERE event_work_id = $1",
+    )
+    .bind(w.event_work_id)
+    .fetch_one(store.pool())
+    .await?;
+    assert!(due, "due now");
+    let dl = store.dead_letter(dl_id).await?.expect("still recorded");
+    assert_eq!(dl.status, "requeued");
+    let history = store.dead_letter_history(dl_id).await?;
+    assert_eq!(
+        history
+            .iter()
+            .map(|h| (h.kind.as_str(), h.actor.as_str()))
+            .collect::<Vec<_>>()[1],
+        ("Requeued", "ops")
+    );
+    assert_eq!(
+        history_kinds(store, dl_id).await?,
+        vec!["Exhausted", "Requeued"]
+    );
+
+    // It is claimable, as a first claim.
+    let rows = claim_streams(store, a, &[s]).await?;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].attempts, 1);
+
+    // A second requeue: false, nothing changes.
+    let work_before = all_work(store).await?;
+    let dls_before = dead_letters(store).await?;
+    assert!(!store.requeue_dead_letter(dl_id, "ops").await?);
+    assert_eq!(all_work(store).await?, work_before);
+    assert_eq!(dead_letters(store).await?, dls_before);
+    assert_eq!(
+        history_kinds(store, dl_id).await?,
+        vec!["Exhausted", "Requeued"]
+    );
+
+    // Exhausted again: the same dead letter is reopened.
+    poke(
+        store,
+        "UPDATE wh_perspective_events SET attempts = 11 WHERE event_work_id = ANY ($1)",
+        &[rows[0].event_work_id],
+    )
+    .await?;
+    let again = store
+        .move_to_dead_letters(
+            rows[0].event_work_id,
+            FAILURE_MAX_ATTEMPTS,
+            "second",
+            Some(a),
+        )
+        .await?;
+    assert_eq!(
+        again,
+        MoveOutcome::Moved(dl_id),
+        "reopened, not minted anew"
+    );
+    let dls = dead_letters(store).await?;
+    assert_eq!(dls.len(), 1, "one dead letter per message: {dls:?}");
+    assert_eq!(dls[0].status, "exhausted");
+    assert_eq!(dls[0].attempts_when_dlq, 11);
+    assert!(dls[0]
+        .error_text
+        .as_deref()
+        .unwrap_or("")
+        .contains("second"));
+    assert_eq!(
+        history_kinds(store, dl_id).await?,
+        vec!["Exhausted", "Requeued", "Exhausted"]
+    );
+    assert_eq!(
+        count(store, "SELECT count(*) FROM wh_perspective_events").await?,
+        0
+    );
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// Fencing and release
+// ------------------------------------------------------------------------------------------
+
+/// Rule 9. complete_perspective_events, renew_leases and record_perspective_event_failure do
+/// nothing for a non-holder (a live instance, an unknown id, the former holder after a
+/// takeover): 0 / false, row unchanged. The holder's calls succeed (so the test is not vacuous).
+/// move_to_dead_letters, made on behalf of a lease too, leaves another instance's row alone.
+/// Catches: any of these missing its `instance_id = p_instance_id` fence.
+#[tokio::test]
+async fn non_holder_cannot_complete_renew_or_fail() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["*"]).await?;
+    let a = live_instance(store).await?;
+    let b = live_instance(store).await?;
+    let s = Uuid::new_v4();
+    append(store, s, &["A", "B"]).await?;
+    let rows = claim_streams(store, a, &[s]).await?;
+    let (r1, r2) = (rows[0].event_work_id, rows[1].event_work_id);
+    let before = all_work(store).await?;
+
+    let stranger = InstanceId::new();
+    for other in [b, stranger] {
+        assert_eq!(store.complete(other, &[r1, r2]).await?, 0);
+        assert_eq!(store.renew_leases(other, &[r1, r2], LEASE).await?, 0);
+        assert!(
+            !store
+                .record_failure(other, r1, "not mine", Duration::from_secs(5))
+                .await?
+        );
+        assert_eq!(
+            store
+                .move_to_dead_letters(r1, FAILURE_MAX_ATTEMPTS, "not mine", Some(other))
+                .await?,
+            MoveOutcome::AlreadyGone
+        );
+        assert_eq!(all_work(store).await?, before, "rows unchanged by {other}");
+    }
+
+    // The holder can.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(store.renew_leases(a, &[r1, r2], LEASE).await?, 2);
+    let renewed = must_work(store, r2).await?;
+    assert!(
+        renewed.lease_expiry > before[1].lease_expiry,
+        "renewed: {renewed:?}"
+    );
+    assert_eq!(store.complete(a, &[r1]).await?, 1);
+    assert!(work(store, r1).await?.is_none());
+
+    // After a takeover the former holder is fenced off.
+    expire(store, &[r2]).await?;
+    let taken = fetch(store, b, &[s]).await?;
+    assert_eq!(ids_of(&taken), vec![r2]);
+    let held_by_b = must_work(store, r2).await?;
+    assert_eq!(store.complete(a, &[r2]).await?, 0);
+    assert_eq!(store.renew_leases(a, &[r2], LEASE).await?, 0);
+    assert!(
+        !store
+            .record_failure(a, r2, "stale", Duration::from_secs(5))
+            .await?
+    );
+    assert_eq!(
+        store
+            .move_to_dead_letters(r2, FAILURE_MAX_ATTEMPTS, "stale", Some(a))
+            .await?,
+        MoveOutcome::AlreadyGone
+    );
+    assert_eq!(must_work(store, r2).await?, held_by_b);
+    assert_eq!(
+        count(store, "SELECT count(*) FROM wh_dead_letters").await?,
+        0
+    );
+    assert_eq!(store.complete(b, &[r2]).await?, 1);
+    Ok(())
+}
+
+/// Rule 10. release_unstarted_leases unleases with a refund (attempts − 1, never below 0) and
+/// only the caller's rows; deregister_instance releases every lease of the instance with the
+/// same refund and removes it. Catches: no refund, a refund going negative, a release that is not
+/// fenced, a deregistration that leaves leases behind (lanes stuck until expiry) or does not
+/// refund.
+#[tokio::test]
+async fn release_and_deregister_refund_attempts() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["*"]).await?;
+    let a = live_instance(store).await?;
+    let b = live_instance(store).await?;
+    let s = Uuid::new_v4();
+    append(store, s, &["A", "B", "C"]).await?;
+    let rows = claim_streams(store, a, &[s]).await?;
+    let ids = ids_of(&rows);
+    poke(
+        store,
+        "UPDATE wh_perspective_events SET attempts = 5 WHERE event_work_id = ANY ($1)",
+        &ids[1..2],
+    )
+    .await?;
+    poke(
+        store,
+        "UPDATE wh_perspective_events SET attempts = 0 WHERE event_work_id = ANY ($1)",
+        &ids[2..3],
+    )
+    .await?;
+
+    let before = all_work(store).await?;
+    assert_eq!(store.release_unstarted(b, &ids).await?, 0, "fenced");
+    assert_eq!(all_work(store).await?, before);
+
+    assert_eq!(store.release_unstarted(a, &ids).await?, 3);
+    let l = lane(store, s, "P1").await?;
+    assert_eq!(
+        l.iter().map(|w| w.attempts).collect::<Vec<_>>(),
+        vec![0, 4, 0]
+    );
+    assert!(l
+        .iter()
+        .all(|w| w.instance_id.is_none() && w.lease_expiry.is_none()));
+    // Claimable again at once, and the refunded claim counts as the first again.
+    let again = fetch(store, b, &[s]).await?;
+    assert_eq!(
+        again.iter().map(|r| r.attempts).collect::<Vec<_>>(),
+        vec![1, 5, 1]
+    );
+
+    // deregister_instance: releases every lease of the instance with a refund, and removes it.
+    let c = live_instance(store).await?;
+    let s2 = Uuid::new_v4();
+    append(store, s2, &["A", "B"]).await?;
+    let rows = claim_streams(store, c, &[s2]).await?;
+    assert_eq!(rows.len(), 2);
+    poke(
+        store,
+        "UPDATE wh_perspective_events SET attempts = 3 WHERE event_work_id = ANY ($1)",
+        &[rows[1].event_work_id],
+    )
+    .await?;
+    assert_eq!(store.deregister(c).await?, 2);
+    let l = lane(store, s2, "P1").await?;
+    assert_eq!(l.iter().map(|w| w.attempts).collect::<Vec<_>>(), vec![0, 2]);
+    assert!(l
+        .iter()
+        .all(|w| w.instance_id.is_none() && w.lease_expiry.is_none()));
+    let registered: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM wh_service_instances WHERE instance_id = $1")
+            .bind(c.0)
+            .fetch_one(store.pool())
+            .await?;
+    assert_eq!(registered, 0, "deregistered");
+    // b's leases are not touched by c's deregistration.
+    assert!(lane(store, s, "P1")
+        .await?
+        .iter()
+        .all(|w| w.instance_id == Some(b.0)));
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// Producers
+// ------------------------------------------------------------------------------------------
+
+async fn perspectives_of(store: &Store, event_id: Uuid) -> anyhow::Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT perspective_name FROM wh_perspective_events WHERE event_id = $1 ORDER BY 1",
+    )
+    .bind(event_id)
+    .fetch_all(store.pool())
+    .await?)
+}
+
+async fn notified(listener: &mut PgListener) -> anyhow::Result<String> {
+    let n = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .map_err(|_| anyhow::anyhow!("no notification on vantage_work within 10 s"))??;
+    Ok(n.channel().to_string())
+}
+
+/// Integers in `text`, once the stream id is taken out.
+fn numbers_in(text: &str, stream: Uuid) -> BTreeSet<i64> {
+    text.replace(&stream.to_string(), " ")
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|t| !t.is_empty())
+        .filter_map(|t| t.parse().ok())
+        .collect()
+}
+
+/// Rule 12. append_events: versions 1..n and on; the expected version is checked (mismatch →
+/// SQLSTATE 40001, `StoreError::Conflict`, naming the stream and both versions, nothing
+/// written; NULL = any); one work row per subscribed perspective (`*` = all, unsubscribed types
+/// none); NOTIFY on `vantage_work`. Catches: a missing or wrong version check, a partial write
+/// on conflict, a fan-out ignoring `*` or subscribing everyone, no notification.
+#[tokio::test]
+async fn append_events_checks_versions_and_fans_out() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["A", "B"]).await?;
+    perspective(store, "P2", &["*"]).await?;
+    perspective(store, "P3", &["C"]).await?;
+    let mut listener = PgListener::connect(&ctx.db.url).await?;
+    listener.listen("vantage_work").await?;
+
+    let s = Uuid::new_v4();
+    let first = store
+        .append_events(s, Some(0), &events(&["A", "B", "X"]))
+        .await?;
+    assert_eq!(
+        first.iter().map(|e| e.stream_version).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    assert!(first
+        .windows(2)
+        .all(|w| w[0].global_position < w[1].global_position));
+    assert_eq!(notified(&mut listener).await?, "vantage_work");
+    assert_eq!(
+        perspectives_of(store, first[0].event_id).await?,
+        vec!["P1", "P2"]
+    );
+    assert_eq!(
+        perspectives_of(store, first[1].event_id).await?,
+        vec!["P1", "P2"]
+    );
+    assert_eq!(perspectives_of(store, first[2].event_id).await?, vec!["P2"]);
+    assert_eq!(
+        count(
+            store,
+            "SELECT count(*) FROM wh_perspective_events WHERE perspective_name = 'P3'"
+        )
+        .await?,
+        0
+    );
+    let stored: Vec<(Uuid, i32, String)> = sqlx::query_as(
+        "SELECT event_id, stream_version, event_type FROM wh_event_store \
+         WHERE stream_id = $1 ORDER BY stream_version",
+    )
+    .bind(s)
+    .fetch_all(store.pool())
+    .await?;
+    assert_eq!(
+        stored,
+        first
+            .iter()
+            .zip(["A", "B", "X"])
+            .map(|(e, t)| (e.event_id, e.stream_version, t.to_string()))
+            .collect::<Vec<_>>()
+    );
+
+    // A stale expected version: Conflict naming the stream and both versions; nothing written.
+    let events_before = count(store, "SELECT count(*) FROM wh_event_store").await?;
+    let work_before = all_work(store).await?;
+    match store.append_events(s, Some(7), &events(&["A"])).await {
+        Err(StoreError::Conflict(message)) => {
+            assert!(
+                message.contains(&s.to_string()),
+                "names the stream: {message}"
+            );
+            let numbers = numbers_in(&message, s);
+            assert!(
+                numbers.contains(&3) && numbers.contains(&7),
+                "names both versions (3 current, 7 expected): {message}"
+            );
+        }
+        other => panic!("expected StoreError::Conflict, got {other:?}"),
+    }
+    let raw = sqlx::query("SELECT * FROM append_events($1, 1, '[{\"event_type\": \"A\"}]')")
+        .bind(s)
+        .execute(store.pool())
+        .await
+        .expect_err("stale expected version");
+    assert_eq!(sqlstate(&raw).as_deref(), Some("40001"), "{raw}");
+    // A brand-new stream expected at a version it does not have.
+    let fresh = Uuid::new_v4();
+    assert!(matches!(
+        store.append_events(fresh, Some(2), &events(&["A"])).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert_eq!(
+        count(store, "SELECT count(*) FROM wh_event_store").await?,
+        events_before
+    );
+    assert_eq!(all_work(store).await?, work_before);
+
+    // The right expected version, then NULL = any.
+    let next = store.append_events(s, Some(3), &events(&["C"])).await?;
+    assert_eq!(
+        next.iter().map(|e| e.stream_version).collect::<Vec<_>>(),
+        vec![4]
+    );
+    assert_eq!(
+        perspectives_of(store, next[0].event_id).await?,
+        vec!["P2", "P3"]
+    );
+    let any = store.append_events(s, None, &events(&["Y", "Z"])).await?;
+    assert_eq!(
+        any.iter().map(|e| e.stream_version).collect::<Vec<_>>(),
+        vec![5, 6]
+    );
+    let other = store.append_events(fresh, None, &events(&["Y"])).await?;
+    assert_eq!(other[0].stream_version, 1, "each stream counts from 1");
+    Ok(())
+}
+
+/// Rule 13. A plain INSERT into wh_event_store, from a session whose search_path does not include
+/// the schema, fans out in the same transaction (visible inside it, gone on rollback) and
+/// notifies. Catches: fan-out done by append_events only (not a trigger), a trigger function
+/// resolving tables through the caller's search_path, fan-out outside the inserting transaction.
+#[tokio::test]
+async fn plain_insert_fans_out_from_any_search_path() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["Plain"]).await?;
+    perspective(store, "P2", &["*"]).await?;
+    let a = live_instance(store).await?;
+    let plain = plain_pool(&ctx.db).await?;
+    let path: String = sqlx::query_scalar("SHOW search_path")
+        .fetch_one(&plain)
+        .await?;
+    assert!(
+        !path.contains("vantage"),
+        "the producer's search_path: {path}"
+    );
+    let mut listener = PgListener::connect(&ctx.db.url).await?;
+    listener.listen("vantage_work").await?;
+
+    let insert =
+        "INSERT INTO vantage.wh_event_store (stream_id, stream_version, event_type, event_data) \
+                  VALUES ($1, 1, 'Plain', '{\"n\": 1}'), ($1, 2, 'Other', '{\"n\": 2}')";
+    let s = Uuid::new_v4();
+
+    // Same transaction: the work rows exist inside it and vanish with a rollback.
+    let mut tx = plain.begin().await?;
+    sqlx::query(insert).bind(s).execute(&mut *tx).await?;
+    let inside: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM vantage.wh_perspective_events WHERE stream_id = $1",
+    )
+    .bind(s)
+    .fetch_one(&mut *tx)
+    .await?;
+    assert_eq!(inside, 3, "P1 gets 'Plain', P2 gets both");
+    tx.rollback().await?;
+    assert_eq!(
+        count(store, "SELECT count(*) FROM wh_perspective_events").await?,
+        0
+    );
+
+    sqlx::query(insert).bind(s).execute(&plain).await?;
+    assert_eq!(notified(&mut listener).await?, "vantage_work");
+    let l1 = lane(store, s, "P1").await?;
+    let l2 = lane(store, s, "P2").await?;
+    assert_eq!((versions(&l1), versions(&l2)), (vec![1], vec![1, 2]));
+
+    let rows = claim_streams(store, a, &[s]).await?;
+    assert_eq!(
+        rows.iter()
+            .map(|r| (
+                r.perspective_name.as_str(),
+                r.event_type.as_deref(),
+                r.attempts
+            ))
+            .collect::<Vec<_>>(),
+        vec![
+            ("P1", Some("Plain"), 1),
+            ("P2", Some("Plain"), 1),
+            ("P2", Some("Other"), 1)
+        ]
+    );
+    assert_eq!(rows[2].event_data, Some(json!({"n": 2})));
+    plain.close().await;
+    Ok(())
+}
+
+/// Rule 14. A non-default schema works end to end (migrate, append, plain insert, claim,
+/// complete), and nothing is created in `vantage` or `public`. Catches: a schema-qualified
+/// `vantage.` anywhere in the migrations or the storage code, objects leaking into public,
+/// functions not pinned to their schema.
+#[tokio::test]
+async fn non_default_schema_works() -> TestResult {
+    let db = common::fresh_database().await;
+    let plain = plain_pool(&db).await?;
+    let public_objects = "SELECT (SELECT count(*) FROM pg_class c JOIN pg_namespace n \
+                                  ON n.oid = c.relnamespace WHERE n.nspname = 'public') \
+                               + (SELECT count(*) FROM pg_proc p JOIN pg_namespace n \
+                                  ON n.oid = p.pronamespace WHERE n.nspname = 'public')";
+    let public_before: i64 = sqlx::query_scalar(public_objects).fetch_one(&plain).await?;
+
+    let store = connect(&db, "custom_schema").await?;
+    let applied = store.migrate().await?;
+    assert_eq!(applied.len(), all_migrations().len(), "{applied:?}");
+    perspective(&store, "P1", &["*"]).await?;
+    let a = live_instance(&store).await?;
+    let s = Uuid::new_v4();
+    append(&store, s, &["A", "B"]).await?;
+    sqlx::query(
+        "INSERT INTO custom_schema.wh_event_store (stream_id, stream_version, event_type) \
+         VALUES ($1, 3, 'C')",
+    )
+    .bind(s)
+    .execute(&plain)
+    .await?;
+    let rows = claim_streams(&store, a, &[s]).await?;
+    assert_eq!(
+        rows.iter()
+            .map(|r| (r.stream_version, r.attempts))
+            .collect::<Vec<_>>(),
+        vec![(1, 1), (2, 1), (3, 1)]
+    );
+    assert_eq!(store.complete(a, &ids_of(&rows)).await?, 3);
+
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM custom_schema.wh_perspective_events")
+        .fetch_one(&plain)
+        .await?;
+    assert_eq!(left, 0);
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM custom_schema.wh_event_store")
+        .fetch_one(&plain)
+        .await?;
+    assert_eq!(events, 3);
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = 'custom_schema' \
+         AND tablename IN ('wh_event_store', 'wh_perspectives', 'wh_perspective_events', \
+                           'wh_service_instances', 'wh_dead_letters', 'wh_dead_letter_history', \
+                           '_sqlx_migrations')",
+    )
+    .fetch_one(&plain)
+    .await?;
+    assert_eq!(tables, 7);
+    let vantage: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_namespace WHERE nspname = 'vantage'")
+            .fetch_one(&plain)
+            .await?;
+    assert_eq!(vantage, 0, "no vantage schema created");
+    let public_after: i64 = sqlx::query_scalar(public_objects).fetch_one(&plain).await?;
+    assert_eq!(public_after, public_before, "nothing created in public");
+
+    plain.close().await;
+    store.close().await;
+    drop(db);
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// Concurrency
+// ------------------------------------------------------------------------------------------
+
+type Lane = (Uuid, String);
+
+/// One claim round of one instance, as the daemon does it: claim_orphaned, then
+/// get_stream_events on the acquired streams, then on a few contested streams (the same for both
+/// instances, so they race for the same lanes).
+async fn claim_round(
+    store: Store,
+    instance: InstanceId,
+    contested: Vec<Uuid>,
+) -> Result<(Vec<ClaimedHead>, Vec<WorkRow>), StoreError> {
+    let heads = store.claim_orphaned(instance, LEASE, 2, 2, None).await?;
+    let mut acquired: Vec<Uuid> = heads.iter().map(|h| h.stream_id).collect();
+    acquired.sort();
+    acquired.dedup();
+    // At most 2 streams × 2 perspectives = 4 lanes: a budget of 4 always covers every head.
+    let mut rows = store
+        .get_stream_events(instance, &acquired, LEASE, None, Some(4))
+        .await?;
+    let others: Vec<Uuid> = contested
+        .into_iter()
+        .filter(|s| !acquired.contains(s))
+        .collect();
+    rows.extend(
+        store
+            .get_stream_events(instance, &others, LEASE, None, Some(2))
+            .await?,
+    );
+    Ok((heads, rows))
+}
+
+fn expect_no_deadlock<T>(who: &str, r: Result<T, StoreError>) -> T {
+    match r {
+        Ok(v) => v,
+        Err(StoreError::Database(e)) if sqlstate(&e).as_deref() == Some("40P01") => {
+            panic!("{who}: deadlock (40P01): {e}")
+        }
+        Err(e) => panic!("{who}: {e}"),
+    }
+}
+
+/// Rule 15. Two registered instances claiming concurrently, round after round (about 90 rounds
+/// over 960 rows in 30 streams × 2 perspectives, both instances also racing for the same two
+/// streams every round): never the same row, never rows of one lane at the same time, every claim
+/// a contiguous prefix of its lane with attempts 1 (no spurious takeover), every leased row
+/// returned to its holder, no deadlock (40P01), lanes completed in stream_version order, and
+/// everything completed in the end. Catches: a lost SKIP LOCKED, a prefix check done on the
+/// snapshot only (two claimers splitting a lane), lock-order deadlocks, rows leased but not
+/// returned (see `own_leased_rows_are_returned_while_another_session_locks_them`, which makes
+/// that race deterministic).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claimers_never_share_rows_or_lanes() -> TestResult {
+    const STREAMS: usize = 30;
+    const EVENTS: usize = 16;
+    const MAX_ROUNDS: usize = 600;
+
+    let ctx = setup().await?;
+    let store = ctx.store.clone();
+    perspective(&store, "P1", &["*"]).await?;
+    perspective(&store, "P2", &["*"]).await?;
+    let streams: Vec<Uuid> = (0..STREAMS).map(|_| Uuid::new_v4()).collect();
+    let types = vec!["E"; EVENTS];
+    for s in &streams {
+        append(&store, *s, &types).await?;
+    }
+    let total = count(&store, "SELECT count(*) FROM wh_perspective_events").await?;
+    assert_eq!(total as usize, STREAMS * EVENTS * 2);
+    let a = live_instance(&store).await?;
+    let b = live_instance(&store).await?;
+
+    let mut completed: BTreeMap<Lane, Vec<i32>> = BTreeMap::new();
+    let mut contended_rounds = 0;
+    let mut rounds = 0;
+    let mut done = false;
+    for round in 0..MAX_ROUNDS {
+        if count(&store, "SELECT count(*) FROM wh_perspective_events").await? == 0 {
+            done = true;
+            break;
+        }
+        rounds += 1;
+        let contested = vec![streams[round % STREAMS], streams[(round * 7 + 3) % STREAMS]];
+        let ta = tokio::spawn(claim_round(store.clone(), a, contested.clone()));
+        let tb = tokio::spawn(claim_round(store.clone(), b, contested));
+        let (ra, rb) = (ta.await?, tb.await?);
+        let (heads_a, ra) = expect_no_deadlock("instance a", ra);
+        let (heads_b, rb) = expect_no_deadlock("instance b", rb);
+        if !ra.is_empty() && !rb.is_empty() {
+            contended_rounds += 1;
+        }
+
+        // Never the same row; never the same lane.
+        let ids_a: HashSet<Uuid> = ra.iter().map(|r| r.event_work_id).collect();
+        let ids_b: HashSet<Uuid> = rb.iter().map(|r| r.event_work_id).collect();
+        assert_eq!(ids_a.len(), ra.len(), "round {round}: a got a row twice");
+        assert_eq!(ids_b.len(), rb.len(), "round {round}: b got a row twice");
+        assert!(
+            ids_a.is_disjoint(&ids_b),
+            "round {round}: a row claimed by both"
+        );
+        let lanes_a: HashSet<Lane> = ra
+            .iter()
+            .map(|r| (r.stream_id, r.perspective_name.clone()))
+            .collect();
+        let lanes_b: HashSet<Lane> = rb
+            .iter()
+            .map(|r| (r.stream_id, r.perspective_name.clone()))
+            .collect();
+        assert!(
+            lanes_a.is_disjoint(&lanes_b),
+            "round {round}: a lane held by both: {:?}",
+            lanes_a.intersection(&lanes_b).collect::<Vec<_>>()
+        );
+
+        // The database agrees: exactly the returned rows are leased, each to its claimer.
+        let leased: Vec<(Uuid, Uuid)> = sqlx::query_as(
+            "SELECT event_work_id, instance_id FROM wh_perspective_events \
+             WHERE instance_id IS NOT NULL",
+        )
+        .fetch_all(store.pool())
+        .await?;
+        let leased: HashMap<Uuid, Uuid> = leased.into_iter().collect();
+        let mut expected: HashMap<Uuid, Uuid> = HashMap::new();
+        expected.extend(ids_a.iter().map(|id| (*id, a.0)));
+        expected.extend(ids_b.iter().map(|id| (*id, b.0)));
+        if leased != expected {
+            let heads: HashSet<Uuid> = heads_a
+                .iter()
+                .chain(&heads_b)
+                .map(|h| h.event_work_id)
+                .collect();
+            let mut report = Vec::new();
+            for w in all_work(&store).await? {
+                let id = w.event_work_id;
+                if leased.get(&id) != expected.get(&id) {
+                    report.push(format!(
+                        "row {id} (stream {}, {}, v{}, attempts {}): leased to {:?}, returned to \
+                         {:?}, acquired by claim_orphaned: {}",
+                        w.stream_id,
+                        w.perspective_name,
+                        w.stream_version,
+                        w.attempts,
+                        leased.get(&id),
+                        expected.get(&id),
+                        heads.contains(&id)
+                    ));
+                }
+            }
+            panic!(
+                "round {round}: the rows leased are not the rows returned (a = {a}, b = {b}):\n{}",
+                report.join("\n")
+            );
+        }
+
+        // Each claim is a contiguous prefix of its lane, claimed once.
+        let mut by_lane: BTreeMap<Lane, Vec<i32>> = BTreeMap::new();
+        for r in ra.iter().chain(&rb) {
+            assert_eq!(r.attempts, 1, "round {round}: spurious takeover of {r:?}");
+            by_lane
+                .entry((r.stream_id, r.perspective_name.clone()))
+                .or_default()
+                .push(r.stream_version);
+        }
+        for ((stream, p), vs) in &by_lane {
+            let head: i32 = sqlx::query_scalar(
+                "SELECT min(stream_version) FROM wh_perspective_events \
+                 WHERE stream_id = $1 AND perspective_name = $2",
+            )
+            .bind(stream)
+            .bind(p)
+            .fetch_one(store.pool())
+            .await?;
+            let want: Vec<i32> = (head..head + vs.len() as i32).collect();
+            assert_eq!(
+                vs, &want,
+                "round {round}: lane ({stream}, {p}) not a prefix"
+            );
+        }
+
+        // Complete concurrently.
+        let (store_a, store_b) = (store.clone(), store.clone());
+        let done_a = ids_a.iter().copied().collect::<Vec<_>>();
+        let done_b = ids_b.iter().copied().collect::<Vec<_>>();
+        let (na, nb) = (done_a.len() as u64, done_b.len() as u64);
+        let ca = tokio::spawn(async move { store_a.complete(a, &done_a).await });
+        let cb = tokio::spawn(async move { store_b.complete(b, &done_b).await });
+        assert_eq!(expect_no_deadlock("complete a", ca.await?), na);
+        assert_eq!(expect_no_deadlock("complete b", cb.await?), nb);
+        for (l, vs) in by_lane {
+            completed.entry(l).or_default().extend(vs);
+        }
+    }
+    assert!(done, "not drained after {MAX_ROUNDS} rounds");
+    assert!(
+        contended_rounds >= 10,
+        "the instances rarely claimed at the same time ({contended_rounds} of {rounds} rounds)"
+    );
+    assert_eq!(completed.len(), STREAMS * 2);
+    for (l, vs) in &completed {
+        assert_eq!(
+            vs,
+            &(1..=EVENTS as i32).collect::<Vec<_>>(),
+            "lane {l:?} completed in order, each row once"
+        );
+    }
+    Ok(())
+}
+
+/// Rule 15, deterministically: rows validly leased to the caller are returned by
+/// get_stream_events even while another session holds a row lock on them. That is the normal
+/// state under contention: a concurrent claimer's `FOR UPDATE SKIP LOCKED`, whose snapshot
+/// predates our lease, locks the row's latest version before its re-check rejects it, and keeps
+/// that lock until its transaction ends. Catches: get_stream_events requiring its own lock on rows
+/// that are already validly its own (it then skips them, drops their lane, and leaves them
+/// leased to the caller but not returned — the lane stalls until the lease lapses and a takeover
+/// charges an attempt no handler ever made).
+#[tokio::test]
+async fn own_leased_rows_are_returned_while_another_session_locks_them() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["*"]).await?;
+    let a = live_instance(store).await?;
+    let s = Uuid::new_v4();
+    append(store, s, &["A", "B", "C"]).await?;
+    let lock = "SELECT event_work_id FROM wh_perspective_events \
+                WHERE event_work_id = ANY ($1) FOR UPDATE";
+    let leased_to_a = "SELECT event_work_id FROM wh_perspective_events \
+                       WHERE instance_id = $1 ORDER BY stream_version";
+
+    // claim_orphaned acquired the head; a stale claimer holds a lock on it.
+    let heads = orphaned(store, a).await?;
+    assert_eq!(heads.len(), 1);
+    let head = heads[0].event_work_id;
+    let mut other = store.pool().begin().await?;
+    sqlx::query(lock)
+        .bind(vec![head])
+        .execute(&mut *other)
+        .await?;
+    let rows = fetch(store, a, &[s]).await?;
+    let held: Vec<Uuid> = sqlx::query_scalar(leased_to_a)
+        .bind(a.0)
+        .fetch_all(store.pool())
+        .await?;
+    assert_eq!(
+        ids_of(&rows),
+        held,
+        "every row leased to a is returned to a"
+    );
+    assert_eq!(
+        rows.iter().map(|r| r.stream_version).collect::<Vec<_>>(),
+        vec![1, 2, 3],
+        "the lane is fetched from its (own) head"
+    );
+    other.rollback().await?;
+
+    // Re-fetch of the whole lane while all of it is locked elsewhere.
+    let all = ids_of(&rows);
+    let mut other = store.pool().begin().await?;
+    sqlx::query(lock).bind(&all).execute(&mut *other).await?;
+    let again = fetch(store, a, &[s]).await?;
+    assert_eq!(ids_of(&again), all, "own valid rows are returned");
+    other.rollback().await?;
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// Migrations and the audit trail
+// ------------------------------------------------------------------------------------------
+
+/// Rule 16. migrate() twice: the first applies every migration, the second nothing; the history
+/// table is append-only (UPDATE and DELETE raise, rows unchanged). Catches: non-idempotent
+/// migrations, a missing or wrongly scoped append-only trigger.
+#[tokio::test]
+async fn migrate_is_idempotent_and_history_is_append_only() -> TestResult {
+    let db = common::fresh_database().await;
+    let store = connect(&db, "vantage").await?;
+    let first = store.migrate().await?;
+    assert_eq!(
+        first.iter().map(|m| m.version).collect::<Vec<_>>(),
+        all_migrations()
+    );
+    assert!(first.len() >= 2, "tables and functions: {first:?}");
+    let second = store.migrate().await?;
+    assert!(second.is_empty(), "second migrate applied {second:?}");
+    store.check_migrations().await?;
+
+    perspective(&store, "P1", &["*"]).await?;
+    let a = live_instance(&store).await?;
+    let s = Uuid::new_v4();
+    append(&store, s, &["A"]).await?;
+    let id = claim_streams(&store, a, &[s]).await?[0].event_work_id;
+    let MoveOutcome::Moved(dl_id) = store
+        .move_to_dead_letters(id, FAILURE_MAX_ATTEMPTS, "x", Some(a))
+        .await?
+    else {
+        panic!("moved");
+    };
+    let history = store.dead_letter_history(dl_id).await?;
+    assert_eq!(history.len(), 1);
+
+    let update = sqlx::query("UPDATE wh_dead_letter_history SET actor = 'tampered'")
+        .execute(store.pool())
+        .await
+        .expect_err("UPDATE on the history must raise");
+    assert_eq!(sqlstate(&update).as_deref(), Some("55000"), "{update}");
+    let delete = sqlx::query("DELETE FROM wh_dead_letter_history")
+        .execute(store.pool())
+        .await
+        .expect_err("DELETE on the history must raise");
+    assert_eq!(sqlstate(&delete).as_deref(), Some("55000"), "{delete}");
+    assert_eq!(store.dead_letter_history(dl_id).await?, history);
+
+    store.close().await;
+    drop(db);
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// Row budget
+// ------------------------------------------------------------------------------------------
+
+/// get_stream_events with no row budget (p_max_rows NULL, as claim_and_fetch_pending always
+/// passes) must work for any number of lanes. Catches: int4 overflow in the per-lane window
+/// (`2 * ceil(2147483647 / lanes)::int` for one or two lanes raised "integer out of range",
+/// so claim_and_fetch_pending always failed; fixed in aea90f4).
+#[tokio::test]
+async fn unbounded_get_stream_events_works_for_one_and_two_lanes() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["*"]).await?;
+    perspective(store, "P2", &["*"]).await?;
+    let a = live_instance(store).await?;
+    let s = Uuid::new_v4();
+    append(store, s, &["A", "B"]).await?;
+
+    let one = store
+        .get_stream_events(a, &[s], LEASE, Some(names(&["P1"]).as_slice()), None)
+        .await?;
+    assert_eq!(one.len(), 2, "one lane");
+    let two = store.get_stream_events(a, &[s], LEASE, None, None).await?;
+    assert_eq!(two.len(), 4, "two lanes");
+    Ok(())
+}
