@@ -117,10 +117,12 @@ impl Pipeline {
 
         let mut envelopes = Vec::with_capacity(filtered.survivors.len());
         for row in filtered.survivors {
-            let (work_id, perspective, stream_id, attempts) = (
+            let (work_id, perspective, stream_id, event_id, global_position, attempts) = (
                 row.event_work_id,
                 row.perspective_name.clone(),
                 row.stream_id,
+                row.event_id,
+                row.global_position,
                 row.attempts,
             );
             match EventEnvelope::from_row(row) {
@@ -138,7 +140,7 @@ impl Pipeline {
                         .await
                     {
                         Ok(MoveOutcome::Moved(dead_letter_id)) => {
-                            tracing::warn!(perspective = %perspective, %stream_id, attempts,
+                            tracing::warn!(perspective = %perspective, %stream_id, %event_id, global_position, attempts,
                                 max_attempts = ?ctx.max_attempts, reason = FAILURE_PERMANENT,
                                 %dead_letter_id, %error, "event dead-lettered: it cannot be read");
                             metrics::counter!(m::DEAD_LETTER_MOVES_TOTAL,
