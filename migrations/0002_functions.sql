@@ -464,15 +464,25 @@ LANGUAGE sql AS $$
     SELECT count(*)::int FROM released;
 $$;
 
--- Extends the leases of rows the caller still holds (in-flight work).
+-- Extends the leases of rows the caller still holds (in-flight work). Rows locked right now are
+-- skipped: they are being completed, failed or released by the transaction holding them, and
+-- waiting for it could deadlock with the completion of another batch (locks are taken in one
+-- order, without waiting).
 CREATE FUNCTION renew_leases(p_instance_id uuid, p_event_work_ids uuid[], p_lease_seconds int)
 RETURNS int
 LANGUAGE sql AS $$
-    WITH renewed AS (
-        UPDATE wh_perspective_events pe
-        SET lease_expiry = now() + make_interval(secs => p_lease_seconds)
+    WITH mine AS (
+        SELECT pe.event_work_id
+        FROM wh_perspective_events pe
         WHERE pe.event_work_id = ANY (p_event_work_ids)
           AND pe.instance_id = p_instance_id
+        ORDER BY pe.event_work_id
+        FOR UPDATE SKIP LOCKED),
+    renewed AS (
+        UPDATE wh_perspective_events pe
+        SET lease_expiry = now() + make_interval(secs => p_lease_seconds)
+        FROM mine
+        WHERE pe.event_work_id = mine.event_work_id
         RETURNING 1)
     SELECT count(*)::int FROM renewed;
 $$;

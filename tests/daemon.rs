@@ -701,3 +701,70 @@ async fn shutdown_returns_within_the_grace_and_leaves_no_lease() {
     .await;
     assert_eq!(charged, 0);
 }
+
+/// Loop 1 still holds a stream's reservation (finishing its batch) when a row it failed becomes
+/// due again; loop 2's claim acquires that head. Loop 1 will never fetch it, so loop 2 must give
+/// it back: a kept head would sit leased to nobody until expiry, and, since claims skip streams
+/// where we hold a valid head, stall the whole stream with it.
+#[tokio::test]
+async fn a_head_acquired_for_a_stream_another_loop_holds_is_given_back() {
+    use vantage::pipeline::claim::{claim_batch, ClaimLimits};
+    use vantage::pipeline::inflight::InFlight;
+    use vantage::store::{InstanceId, InstanceInfo};
+
+    let env = env().await;
+    let stream = preset_rows(&env, "handoff", 1).await[0];
+    let instance = InstanceId::new();
+    env.store
+        .heartbeat(instance, &InstanceInfo::current("test"))
+        .await
+        .unwrap();
+    let inflight = InFlight::new();
+    let names = vec!["handoff".to_string()];
+    let limits = ClaimLimits {
+        lease: Duration::from_secs(60),
+        max_streams: 10,
+        batch_size: 100,
+    };
+
+    // Loop 1 claims the row, its apply fails, the row is due again at once.
+    let first = claim_batch(&env.store, instance, &names, &limits, &inflight)
+        .await
+        .unwrap();
+    assert_eq!(first.reservation.streams(), &[stream]);
+    let row = first.rows[0].event_work_id;
+    assert!(env
+        .store
+        .record_failure(instance, row, "boom", Duration::ZERO)
+        .await
+        .unwrap());
+
+    // Loop 2 claims while loop 1 still holds the stream.
+    let second = claim_batch(&env.store, instance, &names, &limits, &inflight)
+        .await
+        .unwrap();
+    assert!(
+        second.rows.is_empty(),
+        "loop 2 must not work on a stream loop 1 holds"
+    );
+    let leased: Option<Uuid> = sqlx::query_scalar(
+        "SELECT instance_id FROM wh_perspective_events WHERE event_work_id = $1",
+    )
+    .bind(row)
+    .fetch_one(env.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        leased, None,
+        "the head went back instead of leaking a lease"
+    );
+    let attempts: i32 =
+        sqlx::query_scalar("SELECT attempts FROM wh_perspective_events WHERE event_work_id = $1")
+            .bind(row)
+            .fetch_one(env.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(attempts, 1, "and its attempt was refunded");
+    drop(first);
+    drop(second);
+}

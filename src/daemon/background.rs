@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Settings;
 use crate::pipeline::cooldown::CooldownCache;
 use crate::pipeline::inflight::InFlight;
-use crate::store::{InstanceId, InstanceInfo, Store};
+use crate::store::{InstanceId, InstanceInfo, Store, StoreError};
 use crate::telemetry::http::{Health, LoopHeartbeat};
 use crate::telemetry::metrics as m;
 
@@ -31,7 +31,16 @@ pub async fn heartbeat(
             _ = tick.tick() => {}
         }
         beat.beat();
-        match store.heartbeat(instance, &info).await {
+        // Bounded by the interval: a database that does not answer must not stall the loop
+        // (its liveness is about this process, not about the database).
+        let limit = settings.orphans.heartbeat_interval;
+        let answered = tokio::time::timeout(limit, store.heartbeat(instance, &info)).await;
+        let Ok(answered) = answered else {
+            health.set_database_ok(false);
+            tracing::warn!(timeout = ?limit, "heartbeat got no answer from the database");
+            continue;
+        };
+        match answered {
             Ok(true) => health.set_database_ok(true),
             Ok(false) => {
                 health.set_database_ok(true);
@@ -43,9 +52,10 @@ pub async fn heartbeat(
                 continue;
             }
         }
-        match store
-            .cleanup_dead_instances(settings.orphans.stale_after)
+        let cleanup = store.cleanup_dead_instances(settings.orphans.stale_after);
+        match tokio::time::timeout(limit, cleanup)
             .await
+            .unwrap_or_else(|_| Err(StoreError::Conflict("no answer in time".into())))
         {
             Ok(dead) => {
                 for id in dead {
@@ -131,7 +141,11 @@ pub async fn sampler(
             _ = tick.tick() => {}
         }
         beat.beat();
-        let up = store.ping().await.is_ok();
+        // A ping waits at most a second: readiness must flip promptly when the database goes.
+        let up = matches!(
+            tokio::time::timeout(Duration::from_secs(1), store.ping()).await,
+            Ok(Ok(()))
+        );
         health.set_database_ok(up);
         if !up {
             continue;
@@ -143,7 +157,10 @@ pub async fn sampler(
             if let Some(cache) = &cooldown {
                 cache.sweep();
             }
-            match store.gauges().await {
+            match tokio::time::timeout(Duration::from_secs(10), store.gauges())
+                .await
+                .unwrap_or_else(|_| Err(StoreError::Conflict("no answer in time".into())))
+            {
                 Ok(g) => {
                     for p in g.perspectives {
                         let label = p.perspective_name;

@@ -22,6 +22,8 @@ pub async fn run(
 ) {
     let mut delay = Duration::from_millis(100);
     while !shutdown.is_cancelled() {
+        // Reconnecting is this loop doing its job: it stays live while the database is away.
+        beat();
         let mut listener = match connect(&store).await {
             Ok(l) => {
                 delay = Duration::from_millis(100);

@@ -238,6 +238,7 @@ impl DaemonBuilder {
                 backoff_base: settings.worker.retry_backoff_base,
                 backoff_max: settings.worker.retry_backoff_max,
                 max_attempts: settings.worker.max_perspective_event_attempts,
+                small_transactions: Default::default(),
             },
             limits: ClaimLimits {
                 lease: settings.worker.lease,

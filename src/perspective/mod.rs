@@ -26,6 +26,23 @@ pub enum ApplyError {
     /// refund and nobody is charged.
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// The transaction lost a lock conflict (deadlock, serialization failure, lock not
+    /// available): not the event's fault either. The batch is retried; nobody is charged.
+    #[error("transaction conflict: {0}")]
+    Conflict(String),
+}
+
+/// SQLSTATEs of a transaction that lost a race with another one and is worth retrying as is.
+const CONFLICT_SQLSTATES: &[&str] = &["40001", "40P01", "55P03"];
+
+/// True for a database error that means "lost a lock race, retry the transaction".
+pub fn is_conflict(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| CONFLICT_SQLSTATES.contains(&c.as_ref())),
+        _ => false,
+    }
 }
 
 impl ApplyError {
@@ -33,6 +50,8 @@ impl ApplyError {
     pub fn from_sqlx(e: sqlx::Error) -> ApplyError {
         if crate::store::is_connection_error(&e) {
             ApplyError::Unavailable(e.to_string())
+        } else if is_conflict(&e) {
+            ApplyError::Conflict(e.to_string())
         } else {
             match e {
                 sqlx::Error::Database(db) => ApplyError::Retryable(match db.code() {
@@ -47,7 +66,10 @@ impl ApplyError {
     /// The error text kept on the work row and carried into a dead letter.
     pub fn message(&self) -> &str {
         match self {
-            ApplyError::Retryable(m) | ApplyError::Permanent(m) | ApplyError::Unavailable(m) => m,
+            ApplyError::Retryable(m)
+            | ApplyError::Permanent(m)
+            | ApplyError::Unavailable(m)
+            | ApplyError::Conflict(m) => m,
         }
     }
 }

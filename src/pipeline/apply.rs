@@ -14,6 +14,7 @@
 //! forgotten again (their effects were rolled back too).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,7 +24,7 @@ use uuid::Uuid;
 use super::backoff::retry_delay;
 use super::cooldown::CooldownCache;
 use super::envelope::EventEnvelope;
-use crate::perspective::{ApplyError, Perspective, PerspectiveRegistry};
+use crate::perspective::{is_conflict, ApplyError, Perspective, PerspectiveRegistry};
 use crate::store::{
     complete_in, move_to_dead_letters_in, record_failure_in, release_unstarted_in, InstanceId,
     MoveOutcome, Store, StoreError, FAILURE_PERMANENT,
@@ -47,7 +48,14 @@ pub struct ApplyContext {
     pub backoff_max: Duration,
     /// `worker.max_perspective_event_attempts`, for log lines.
     pub max_attempts: Option<u32>,
+    /// Batches still to run one lane per transaction, shared by the consumer loops of the
+    /// process: set after a lock conflict, counted down per batch (see [`apply_batch`]).
+    pub small_transactions: Arc<AtomicU32>,
 }
+
+/// How many batches run one lane per transaction after a lock conflict before whole-batch
+/// transactions are tried again.
+const SMALL_TRANSACTION_BATCHES: u32 = 20;
 
 /// What happened to one batch.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -66,20 +74,49 @@ pub struct BatchOutcome {
     pub lease_lost: bool,
 }
 
+impl BatchOutcome {
+    fn merge(&mut self, other: BatchOutcome) {
+        self.applied += other.applied;
+        self.cooled += other.cooled;
+        self.failed += other.failed;
+        self.dead_lettered += other.dead_lettered;
+        self.released += other.released;
+        self.lease_lost |= other.lease_lost;
+    }
+}
+
 /// Why a batch could not be applied at all. The caller gives the rows back with a refund.
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyBatchError {
     /// The database failed (connection lost, commit failed): nobody is charged.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(StoreError),
     /// A handler reported the database unavailable.
     #[error("database unavailable while applying: {0}")]
     Unavailable(String),
+    /// The batch kept losing lock races (deadlocks with other batches touching the same
+    /// read-model rows): nobody is charged, the rows go back with a refund.
+    #[error("transaction conflicts while applying: {0}")]
+    Conflict(String),
+}
+
+impl From<StoreError> for ApplyBatchError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Database(db) => ApplyBatchError::from(db),
+            StoreError::Conflict(m) => ApplyBatchError::Conflict(m),
+            other => ApplyBatchError::Store(other),
+        }
+    }
 }
 
 impl From<sqlx::Error> for ApplyBatchError {
     fn from(e: sqlx::Error) -> Self {
-        ApplyBatchError::Store(StoreError::Database(e))
+        if is_conflict(&e) {
+            ApplyBatchError::Conflict(e.to_string())
+        } else {
+            ApplyBatchError::Store(StoreError::Database(e))
+        }
     }
 }
 
@@ -236,24 +273,68 @@ pub async fn apply_batch(
     if lanes.is_empty() {
         return Ok(outcome);
     }
-    match apply_fast(ctx, &lanes).await? {
-        Some(fast) => {
-            outcome.applied += fast.applied;
-            outcome.cooled += fast.cooled;
-            outcome.released += fast.released;
-            outcome.lease_lost = fast.lease_lost;
-            Ok(outcome)
+    // One transaction for the whole batch is cheapest, but batches of concurrent consumers
+    // that update shared read-model rows (aggregates) in different orders deadlock, and a
+    // deadlock costs PostgreSQL's deadlock_timeout to detect. After a conflict the batch (and
+    // the next few) run one lane per transaction: short transactions rarely deadlock, and a
+    // lane that still conflicts is retried alone. Nobody is charged for a conflict.
+    let small = ctx
+        .small_transactions
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+        .is_ok();
+    if !small {
+        match apply_both_passes(ctx, &lanes).await {
+            Err(ApplyBatchError::Conflict(reason)) => {
+                ctx.small_transactions
+                    .store(SMALL_TRANSACTION_BATCHES, Ordering::Relaxed);
+                tracing::debug!(%reason, "batch lost a lock conflict; applying it one lane per transaction");
+            }
+            other => {
+                outcome.merge(other?);
+                return Ok(outcome);
+            }
         }
-        None => {
-            let careful = apply_careful(ctx, &lanes).await?;
-            outcome.applied += careful.applied;
-            outcome.cooled += careful.cooled;
-            outcome.failed += careful.failed;
-            outcome.dead_lettered += careful.dead_lettered;
-            outcome.released += careful.released;
-            outcome.lease_lost = careful.lease_lost;
-            Ok(outcome)
+    }
+    for lane in &lanes {
+        let mut round = 0u64;
+        loop {
+            round += 1;
+            match apply_both_passes(ctx, std::slice::from_ref(lane)).await {
+                Err(ApplyBatchError::Conflict(reason)) if round < CONFLICT_ROUNDS => {
+                    let jitter = (Uuid::new_v4().as_u128() % 20) as u64;
+                    let pause = Duration::from_millis(5 * round + jitter);
+                    tracing::debug!(round, ?pause, %reason, "lane lost a lock conflict; retrying it");
+                    tokio::time::sleep(pause).await;
+                }
+                Err(ApplyBatchError::Conflict(reason)) => {
+                    // Give it back uncharged; a later claim tries again.
+                    let ids: Vec<Uuid> = lane.events.iter().map(|e| e.event_work_id).collect();
+                    outcome.released +=
+                        ctx.store.release_unstarted(ctx.instance, &ids).await? as usize;
+                    tracing::warn!(rounds = round, %reason, "lane kept losing lock conflicts; gave it back for later");
+                    break;
+                }
+                other => {
+                    outcome.merge(other?);
+                    break;
+                }
+            }
         }
+    }
+    Ok(outcome)
+}
+
+/// How many times a lane is run before lock conflicts make us give it back.
+const CONFLICT_ROUNDS: u64 = 4;
+
+/// The optimistic pass, and the careful one if a handler failed.
+async fn apply_both_passes(
+    ctx: &ApplyContext,
+    lanes: &[Lane],
+) -> Result<BatchOutcome, ApplyBatchError> {
+    match apply_fast(ctx, lanes).await? {
+        Some(fast) => Ok(fast),
+        None => apply_careful(ctx, lanes).await,
     }
 }
 
@@ -275,6 +356,10 @@ async fn apply_fast(
                 Err(ApplyError::Unavailable(reason)) => {
                     pass.marks.forget(ctx);
                     return Err(ApplyBatchError::Unavailable(reason));
+                }
+                Err(ApplyError::Conflict(reason)) => {
+                    pass.marks.forget(ctx);
+                    return Err(ApplyBatchError::Conflict(reason));
                 }
                 Err(_) => {
                     // Dropping `tx` rolls back; the careful pass sorts the batch out.
@@ -357,6 +442,9 @@ async fn apply_careful(
                 Ok(()) => pass.applied(ctx, lane.perspective.as_ref(), ev),
                 Err(ApplyError::Unavailable(reason)) => {
                     return Err(pass.abandon(ctx, ApplyBatchError::Unavailable(reason)));
+                }
+                Err(ApplyError::Conflict(reason)) => {
+                    return Err(pass.abandon(ctx, ApplyBatchError::Conflict(reason)));
                 }
                 Err(ApplyError::Permanent(error)) => {
                     let moved = move_to_dead_letters_in(

@@ -88,17 +88,12 @@ pub async fn claim_batch(
     // Heads we hold but will not work on now: another loop has their stream, or the fetch
     // window (batch_size) left them out.
     let fetched: HashSet<Uuid> = rows.iter().map(|r| r.event_work_id).collect();
-    // A head of a stream another loop holds is given back only if that loop is not working
-    // on it (it has finished with the stream and only not yet dropped its reservation).
+    // Heads of a stream another loop of ours holds go back at once. Claims are serialised and
+    // skip streams where we hold a valid head, so such a head can only be acquired once that
+    // loop has finished fetching (it fetches once per batch): it will never pick the head up.
     let giveback: Vec<Uuid> = heads
         .iter()
-        .filter(|h| {
-            if taken.contains(&h.stream_id) {
-                !inflight.is_in_flight(&h.event_work_id)
-            } else {
-                !fetched.contains(&h.event_work_id)
-            }
-        })
+        .filter(|h| taken.contains(&h.stream_id) || !fetched.contains(&h.event_work_id))
         .map(|h| h.event_work_id)
         .collect();
     if !giveback.is_empty() {

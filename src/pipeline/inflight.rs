@@ -64,11 +64,6 @@ impl InFlight {
         self.claim.lock().await
     }
 
-    /// Whether a work row is in flight in some loop of this process.
-    pub fn is_in_flight(&self, row: &Uuid) -> bool {
-        self.lock().rows.contains(row)
-    }
-
     /// Work rows currently in flight (their leases are renewed).
     pub fn rows(&self) -> Vec<Uuid> {
         self.lock().rows.iter().copied().collect()

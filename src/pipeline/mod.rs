@@ -65,6 +65,8 @@ impl DrainError {
             DrainError::Claim(e) | DrainError::DeadLetter(e) => e.is_connection_error(),
             DrainError::Apply(ApplyBatchError::Store(e)) => e.is_connection_error(),
             DrainError::Apply(ApplyBatchError::Unavailable(_)) => true,
+            // Lock conflicts are transient too; nobody was charged.
+            DrainError::Apply(ApplyBatchError::Conflict(_)) => true,
         }
     }
 }

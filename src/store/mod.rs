@@ -28,7 +28,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use sqlx::migrate::{MigrateError, Migrator};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use uuid::Uuid;
 
 /// The migrations of this binary, embedded at build time.
@@ -215,53 +215,52 @@ pub struct Store {
 
 impl Store {
     /// Connects, retrying with backoff until `connect_timeout` has passed.
+    ///
+    /// Probes with a single connection first, so a failure reports its real cause (refused,
+    /// authentication, unknown database) rather than the pool's timeout.
     pub async fn connect(opts: &StoreOptions) -> Result<Store, StoreError> {
+        use sqlx::Connection;
         let connect = opts.connect_options()?;
         let target = opts.target();
         let started = Instant::now();
         let mut delay = Duration::from_millis(100);
         loop {
-            let pool = PgPoolOptions::new()
-                .max_connections(opts.max_connections.max(1))
-                .min_connections(0)
-                .acquire_timeout(
-                    Duration::from_secs(10).min(opts.connect_timeout.max(Duration::from_secs(1))),
-                )
-                .connect_with(connect.clone())
-                .await;
-            match pool {
-                Ok(pool) => {
+            let attempt =
+                tokio::time::timeout(opts.connect_timeout, PgConnection::connect_with(&connect))
+                    .await;
+            let error = match attempt {
+                Ok(Ok(conn)) => {
+                    let _ = conn.close().await;
+                    let pool = PgPoolOptions::new()
+                        .max_connections(opts.max_connections.max(1))
+                        .min_connections(0)
+                        .acquire_timeout(Duration::from_secs(10))
+                        .connect_lazy_with(connect);
                     return Ok(Store {
                         pool,
                         schema: opts.schema.clone(),
                         target,
-                    })
+                    });
                 }
-                Err(e) if is_connection_error(&e) || matches!(e, sqlx::Error::Database(_)) => {
-                    let waited = started.elapsed();
-                    let reason = redact_error(&e.to_string(), opts.url.as_deref().unwrap_or(""));
-                    // Authentication or missing database will not fix itself; refusal might.
-                    let retryable = is_connection_error(&e);
-                    if !retryable || waited + delay > opts.connect_timeout {
-                        return Err(StoreError::Unreachable {
-                            target,
-                            waited,
-                            reason,
-                        });
-                    }
-                    tracing::warn!(target = %target, error = %reason, retry_in = ?delay,
-                        "database not reachable yet; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
-                }
-                Err(e) => {
-                    return Err(StoreError::Unreachable {
-                        target,
-                        waited: started.elapsed(),
-                        reason: redact_error(&e.to_string(), opts.url.as_deref().unwrap_or("")),
-                    })
-                }
+                Ok(Err(e)) => e,
+                Err(_) => sqlx::Error::PoolTimedOut,
+            };
+            let waited = started.elapsed();
+            let reason = redact_error(&error.to_string(), opts.url.as_deref().unwrap_or(""));
+            // Authentication or a missing database will not fix itself; a refusal might.
+            let remaining = opts.connect_timeout.saturating_sub(waited);
+            if !is_connection_error(&error) || remaining.is_zero() {
+                return Err(StoreError::Unreachable {
+                    target,
+                    waited,
+                    reason,
+                });
             }
+            let pause = delay.min(remaining);
+            tracing::warn!(target = %target, error = %reason, retry_in = ?pause,
+                "database not reachable yet; retrying");
+            tokio::time::sleep(pause).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
         }
     }
 
