@@ -1,0 +1,280 @@
+//! `vantage demo --once`, end to end through the built binary (SPEC §6): against a configured
+//! database, checking what it left there, and with none configured, as a newcomer runs it.
+
+mod common;
+
+use std::fmt;
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sqlx::{Connection, PgConnection};
+
+/// `vantage demo` appends this many poison events (`src/cli/demo.rs`, `POISON_EVENTS`).
+const POISON_EVENTS: i64 = 3;
+/// The demo's default sample.
+const ORDERS: i64 = 2000;
+/// Far above the expected few seconds, below the test's budget.
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+struct Run {
+    code: Option<i32>,
+    pid: u32,
+    stdout: String,
+    stderr: String,
+}
+
+impl fmt::Display for Run {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "exit {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs `vantage demo --once` from the crate root (where `config/demo.toml` is), killing it
+/// after [`TIMEOUT`].
+fn run_demo(configure: impl FnOnce(&mut Command)) -> Run {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vantage"));
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["demo", "--once"])
+        .env_remove("RUST_LOG")
+        .env_remove("VANTAGE__DATABASE__URL")
+        .env_remove("VANTAGE__HTTP__LISTEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    configure(&mut cmd);
+    let mut child = cmd.spawn().expect("spawn vantage demo");
+    let pid = child.id();
+    let mut stdout = child.stdout.take().expect("piped stdout");
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let stdout = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let stderr = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for vantage demo") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "vantage demo --once did not finish within {TIMEOUT:?}; its stderr:\n{}",
+                stderr.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    Run {
+        code: status.code(),
+        pid,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    }
+}
+
+fn assert_mentions_dead_letters_and_commands(run: &Run) {
+    assert!(
+        run.stdout
+            .contains(&format!("Dead letters: {POISON_EVENTS} event(s)")),
+        "{run}"
+    );
+    assert!(run.stdout.contains("MaxAttemptsExceeded"), "{run}");
+    assert!(run.stderr.contains("dead-lettered"), "{run}");
+    for command in [
+        " status",
+        " dlq list",
+        " dlq inspect ",
+        " dlq replay ",
+        " dlq requeue --all --dry-run",
+        " dlq purge ",
+        "/metrics",
+    ] {
+        assert!(run.stdout.contains(command), "missing {command:?}:\n{run}");
+    }
+}
+
+/// perspective, reason, attempts, event type, status, error text.
+type DeadLetterRow = (String, String, i32, Option<String>, String, Option<String>);
+
+async fn count(conn: &mut PgConnection, sql: &str) -> i64 {
+    sqlx::query_scalar::<_, i64>(sql)
+        .fetch_one(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn demo_once_drains_the_sample_and_dead_letters_the_poison_events() {
+    let db = common::fresh_database().await;
+    let url = db.url.clone();
+    let run = tokio::task::spawn_blocking(move || {
+        run_demo(|cmd| {
+            cmd.env("DATABASE_URL", &url)
+                .env("VANTAGE__HTTP__LISTEN", "127.0.0.1:0");
+        })
+    })
+    .await
+    .expect("the demo runner");
+    assert_eq!(run.code, Some(0), "{run}");
+    assert_mentions_dead_letters_and_commands(&run);
+    assert!(run.stderr.contains("Migrated schema"), "{run}");
+    assert!(!run.stderr.contains("throwaway"), "{run}");
+
+    let mut conn = PgConnection::connect(&db.url).await.expect("connect");
+    let c = &mut conn;
+
+    // The poison events, and only they, are dead-lettered, after max + 1 = 4 claims.
+    let dead: Vec<DeadLetterRow> = sqlx::query_as(
+        "SELECT perspective_name, failure_reason, attempts_when_dlq, event_type, status, \
+                    error_text \
+             FROM vantage.wh_dead_letters ORDER BY global_position",
+    )
+    .fetch_all(&mut *c)
+    .await
+    .expect("dead letters");
+    assert_eq!(dead.len() as i64, POISON_EVENTS, "{dead:?}");
+    for (perspective, reason, attempts, event_type, status, error) in &dead {
+        assert_eq!(perspective, "revenue_by_day");
+        assert_eq!(reason, "MaxAttemptsExceeded");
+        assert_eq!(*attempts, 4);
+        assert_eq!(event_type.as_deref(), Some("OrderPaid"));
+        assert_eq!(status, "exhausted");
+        let error = error.as_deref().unwrap_or("");
+        assert!(error.contains("numeric"), "{error}");
+    }
+    let poison_sql = "FROM vantage.wh_event_store \
+                      WHERE event_type = 'OrderPaid' AND event_data->>'amount' LIKE '%,%'";
+    assert_eq!(
+        count(c, &format!("SELECT count(*) {poison_sql}")).await,
+        POISON_EVENTS
+    );
+    assert_eq!(
+        count(
+            c,
+            &format!(
+                "SELECT count(*) FROM vantage.wh_dead_letters \
+                 WHERE global_position IN (SELECT global_position {poison_sql})"
+            )
+        )
+        .await,
+        POISON_EVENTS
+    );
+
+    // Nothing is left to do.
+    assert_eq!(
+        count(c, "SELECT count(*) FROM vantage.wh_perspective_events").await,
+        0
+    );
+
+    // order_summary: one row per order, in the state of the order's last event.
+    assert_eq!(
+        count(
+            c,
+            "SELECT count(*) FROM vantage.wh_event_store WHERE event_type = 'OrderPlaced'"
+        )
+        .await,
+        ORDERS
+    );
+    assert_eq!(
+        count(c, "SELECT count(*) FROM demo.order_summary").await,
+        ORDERS
+    );
+    assert_eq!(
+        count(
+            c,
+            "SELECT count(*) FROM demo.order_summary o \
+             JOIN (SELECT DISTINCT ON (stream_id) stream_id, stream_version, event_type \
+                   FROM vantage.wh_event_store ORDER BY stream_id, stream_version DESC) last \
+               ON last.stream_id = o.order_id \
+             WHERE o.last_version = last.stream_version \
+               AND o.status = CASE last.event_type \
+                   WHEN 'OrderPlaced' THEN 'placed' WHEN 'OrderPaid' THEN 'paid' \
+                   WHEN 'OrderShipped' THEN 'shipped' WHEN 'OrderDelivered' THEN 'delivered' \
+                   WHEN 'OrderCancelled' THEN 'cancelled' END"
+        )
+        .await,
+        ORDERS
+    );
+
+    // revenue_by_day: every payment but the poison ones, every refund.
+    let (orders, revenue_ok, refunds_ok): (i64, bool, bool) = sqlx::query_as(
+        "SELECT (SELECT sum(orders) FROM demo.revenue_by_day)::int8, \
+                (SELECT sum(revenue) FROM demo.revenue_by_day) = \
+                    (SELECT sum((event_data->>'amount')::numeric) FROM vantage.wh_event_store \
+                     WHERE event_type = 'OrderPaid' AND event_data->>'amount' NOT LIKE '%,%'), \
+                (SELECT sum(refunds) FROM demo.revenue_by_day) = \
+                    (SELECT coalesce(sum((event_data->>'refund_amount')::numeric), 0) \
+                     FROM vantage.wh_event_store WHERE event_type = 'OrderCancelled')",
+    )
+    .fetch_one(&mut *c)
+    .await
+    .expect("revenue");
+    let paid = count(
+        c,
+        "SELECT count(*) FROM vantage.wh_event_store WHERE event_type = 'OrderPaid'",
+    )
+    .await;
+    assert_eq!(orders, paid - POISON_EVENTS);
+    assert!(revenue_ok && refunds_ok);
+
+    // customer_orders: every order, once, under its customer.
+    assert_eq!(
+        count(c, "SELECT sum(orders)::int8 FROM demo.customer_orders").await,
+        ORDERS
+    );
+    assert_eq!(
+        count(c, "SELECT count(*) FROM demo.customer_orders").await,
+        count(
+            c,
+            "SELECT count(DISTINCT event_data->>'customer_id') FROM vantage.wh_event_store \
+             WHERE event_type = 'OrderPlaced'"
+        )
+        .await
+    );
+    assert_eq!(
+        count(c, "SELECT sum(cancelled)::int8 FROM demo.customer_orders").await,
+        count(
+            c,
+            "SELECT count(*) FROM vantage.wh_event_store WHERE event_type = 'OrderCancelled'"
+        )
+        .await
+    );
+    let _ = conn.close().await;
+}
+
+#[test]
+fn demo_once_without_a_database_starts_and_removes_a_throwaway_server() {
+    let run = run_demo(|cmd| {
+        cmd.env_remove("DATABASE_URL");
+    });
+    assert_eq!(run.code, Some(0), "{run}");
+    assert!(
+        run.stderr.contains("starting a throwaway PostgreSQL")
+            && run.stderr.contains("ready on 127.0.0.1:"),
+        "{run}"
+    );
+    assert_mentions_dead_letters_and_commands(&run);
+    // The commands reach the throwaway server.
+    assert!(run.stdout.contains("--database-url postgres://"), "{run}");
+
+    let prefix = format!("vantage-pg-{}-", run.pid);
+    let leftovers: Vec<String> = std::fs::read_dir(std::env::temp_dir())
+        .expect("read the temporary directory")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with(&prefix))
+        .collect();
+    assert!(leftovers.is_empty(), "left behind: {leftovers:?}");
+}

@@ -1,0 +1,590 @@
+//! `vantage run` and `vantage migrate` as an operator meets them: the real binary, its exit
+//! codes (SPEC §5: 0 graceful, 78 invalid configuration or newer schema, 69 database
+//! unreachable) and its messages (SPEC §8 "bad input"). Every run has a hard timeout, so a hang
+//! fails the test instead of hanging CI.
+
+mod common;
+mod reliability_support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use reliability_support::{self as rs, Daemon, Output};
+use uuid::Uuid;
+use vantage::store::{NewEvent, Store, StoreOptions};
+
+/// Exit codes of SPEC §5.
+const EXIT_CONFIG: i32 = 78;
+const EXIT_UNAVAILABLE: i32 = 69;
+
+/// Generous: only a hang should ever reach it.
+const RUN_LIMIT: Duration = Duration::from_secs(60);
+
+/// A valid SQL perspective writing to a table in `public` (which exists before the daemon
+/// runs, while the `vantage` schema may not yet).
+const GOOD_PERSPECTIVE: &str = r#"
+[[perspectives]]
+name = "cli_model"
+events = ["Tick"]
+[perspectives.sql]
+Tick = "INSERT INTO public.cli_applied (stream_id, version) VALUES ($2, $6)"
+"#;
+
+fn write_config(dir: &Path, name: &str, url: Option<&str>, extra: &str) -> PathBuf {
+    let database = match url {
+        Some(url) => format!("[database]\nurl = \"{url}\"\n"),
+        None => String::new(),
+    };
+    let path = dir.join(name);
+    std::fs::write(&path, format!("{database}{extra}")).expect("write the config file");
+    path
+}
+
+fn config_arg(path: &Path) -> String {
+    path.to_str().expect("temp paths are UTF-8").to_owned()
+}
+
+async fn connect(url: &str) -> Store {
+    Store::connect(&StoreOptions::for_url(url))
+        .await
+        .expect("connect to the test database")
+}
+
+async fn run_vantage(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let out = rs::run(rs::vantage(dir, args, env), RUN_LIMIT).await;
+    out.assert_no_panic();
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Invalid configuration: 78, the key and the value named, before anything else happens.
+
+#[tokio::test]
+async fn invalid_environment_value_exits_78_naming_key_and_value() {
+    let dir = tempfile::tempdir().unwrap();
+    // The database is never contacted: configuration is validated first.
+    let url = format!("postgres://u@127.0.0.1:{}/db", rs::closed_port());
+    let config = write_config(dir.path(), "vantage.toml", Some(&url), GOOD_PERSPECTIVE);
+    let out = run_vantage(
+        dir.path(),
+        &["--config", &config_arg(&config), "run"],
+        &[("VANTAGE__WORKER__CONSUMERS", "abc")],
+    )
+    .await;
+    assert_eq!(out.code, Some(EXIT_CONFIG), "{out:#?}");
+    for want in ["worker.consumers", "abc", "VANTAGE__WORKER__CONSUMERS"] {
+        assert!(
+            out.stderr.contains(want),
+            "stderr should name {want:?}: {out:#?}"
+        );
+    }
+    assert!(out.stdout.is_empty(), "{out:#?}");
+    assert!(out.elapsed < Duration::from_secs(10), "{out:#?}");
+
+    // A bad duration, the same way.
+    let out = run_vantage(
+        dir.path(),
+        &["--config", &config_arg(&config), "run"],
+        &[("VANTAGE__WORKER__LEASE", "soon")],
+    )
+    .await;
+    assert_eq!(out.code, Some(EXIT_CONFIG), "{out:#?}");
+    for want in ["worker.lease", "soon", "VANTAGE__WORKER__LEASE"] {
+        assert!(
+            out.stderr.contains(want),
+            "stderr should name {want:?}: {out:#?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn unknown_key_in_the_file_exits_78_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("postgres://u@127.0.0.1:{}/db", rs::closed_port());
+    let config = write_config(
+        dir.path(),
+        "typo.toml",
+        Some(&url),
+        &format!("[worker]\nconsumer = 3\n{GOOD_PERSPECTIVE}"),
+    );
+    let out = run_vantage(dir.path(), &["--config", &config_arg(&config), "run"], &[]).await;
+    assert_eq!(out.code, Some(EXIT_CONFIG), "{out:#?}");
+    assert!(
+        out.stderr.contains("unknown key worker.consumer"),
+        "stderr should name the key: {out:#?}"
+    );
+    assert!(
+        out.stderr.contains("typo.toml"),
+        "stderr should name the file it came from: {out:#?}"
+    );
+
+    // `vantage migrate` validates the same way.
+    let out = run_vantage(
+        dir.path(),
+        &["--config", &config_arg(&config), "migrate"],
+        &[],
+    )
+    .await;
+    assert_eq!(out.code, Some(EXIT_CONFIG), "{out:#?}");
+    assert!(
+        out.stderr.contains("unknown key worker.consumer"),
+        "{out:#?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// A perspective statement that does not prepare: 78, perspective and event type named, nothing
+// written.
+
+#[tokio::test]
+async fn unpreparable_statement_exits_78_and_writes_nothing() {
+    let db = common::fresh_database().await;
+    let store = connect(&db.url).await;
+    store.migrate().await.unwrap();
+    rs::exec(
+        &store,
+        "CREATE TABLE public.cli_applied (stream_id uuid, version int, PRIMARY KEY (stream_id, version))",
+    )
+    .await;
+    // Work already waiting for the valid perspective: the failed start must not touch it.
+    store
+        .register_perspective("cli_model", &["Tick".to_string()])
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let events: Vec<NewEvent> = (0..5)
+            .map(|i| NewEvent::new("Tick", serde_json::json!({ "i": i })))
+            .collect();
+        store
+            .append_events(Uuid::new_v4(), Some(0), &events)
+            .await
+            .unwrap();
+    }
+    let snapshot = work_rows(&store).await;
+    let registered = registry(&store).await;
+    assert_eq!(snapshot.len(), 15);
+
+    let dir = tempfile::tempdir().unwrap();
+    let broken = format!(
+        "{GOOD_PERSPECTIVE}
+[[perspectives]]
+name = \"broken_model\"
+events = [\"Tick\", \"Tock\"]
+[perspectives.sql]
+Tick = \"INSERT INTO public.cli_applied (stream_id, version) VALUES ($2, $6)\"
+Tock = \"INSERT INTO public.no_such_table (stream_id) VALUES ($2)\"
+"
+    );
+    let config = write_config(dir.path(), "vantage.toml", Some(&db.url), &broken);
+    let out = run_vantage(
+        dir.path(),
+        &["--config", &config_arg(&config), "run"],
+        &[("VANTAGE__HTTP__LISTEN", "127.0.0.1:0")],
+    )
+    .await;
+    assert_eq!(out.code, Some(EXIT_CONFIG), "{out:#?}");
+    for want in ["broken_model", "Tock", "no_such_table"] {
+        assert!(
+            out.stderr.contains(want),
+            "stderr should name {want:?}: {out:#?}"
+        );
+    }
+
+    // Nothing written: no instance registered, no work row claimed or changed, the broken
+    // perspective not registered (so the producer fan-out never queues work for it), no read
+    // model row, no dead letter.
+    assert_eq!(
+        rs::scalar(&store, "SELECT count(*) FROM wh_service_instances").await,
+        0,
+        "an instance row was left registered"
+    );
+    assert_eq!(work_rows(&store).await, snapshot, "work rows were changed");
+    assert_eq!(
+        registry(&store).await,
+        registered,
+        "the registry was changed"
+    );
+    assert_eq!(
+        rs::scalar(&store, "SELECT count(*) FROM public.cli_applied").await,
+        0
+    );
+    assert_eq!(
+        rs::scalar(&store, "SELECT count(*) FROM wh_dead_letters").await,
+        0
+    );
+}
+
+type WorkRowSnapshot = (Uuid, i32, i32, Option<Uuid>, Option<String>, String);
+
+async fn work_rows(store: &Store) -> Vec<WorkRowSnapshot> {
+    sqlx::query_as(
+        "SELECT event_work_id, attempts, failures, instance_id, last_error, \
+                coalesce(lease_expiry::text, '') || '/' || scheduled_for::text \
+         FROM wh_perspective_events ORDER BY event_work_id",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+}
+
+async fn registry(store: &Store) -> Vec<(String, Vec<String>, String)> {
+    sqlx::query_as(
+        "SELECT perspective_name, event_types, updated_at::text FROM wh_perspectives \
+         ORDER BY perspective_name",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unreachable database: 69 once connect_timeout has passed, host:port named, password never.
+
+#[tokio::test]
+async fn unreachable_database_exits_69_naming_host_and_port_but_not_the_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = rs::closed_port();
+    let url = format!("postgres://u:secret@127.0.0.1:{port}/db");
+    let config = write_config(dir.path(), "vantage.toml", None, GOOD_PERSPECTIVE);
+    let out = run_vantage(
+        dir.path(),
+        &[
+            "--config",
+            &config_arg(&config),
+            "--database-url",
+            &url,
+            "run",
+        ],
+        &[("VANTAGE__DATABASE__CONNECT_TIMEOUT", "2s")],
+    )
+    .await;
+    assert_eq!(out.code, Some(EXIT_UNAVAILABLE), "{out:#?}");
+    assert!(
+        out.stderr.contains(&format!("127.0.0.1:{port}")),
+        "stderr should name host:port: {out:#?}"
+    );
+    assert!(
+        !out.stderr.contains("secret") && !out.stdout.contains("secret"),
+        "the password leaked: {out:#?}"
+    );
+    assert!(
+        out.elapsed < Duration::from_secs(2) + Duration::from_secs(5),
+        "gave up {:?} after start, long after the 2 s connect_timeout: {out:#?}",
+        out.elapsed
+    );
+}
+
+/// SPEC §5: 69 "once `database.connect_timeout` has passed (retrying with backoff until
+/// then)". Giving up earlier turns a database that takes the whole timeout to come up (a
+/// restart under an orchestrator) into a crash loop.
+#[tokio::test]
+async fn unreachable_database_is_retried_for_the_whole_connect_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("postgres://u:secret@127.0.0.1:{}/db", rs::closed_port());
+    let config = write_config(dir.path(), "vantage.toml", None, GOOD_PERSPECTIVE);
+    let out = run_vantage(
+        dir.path(),
+        &[
+            "--config",
+            &config_arg(&config),
+            "--database-url",
+            &url,
+            "run",
+        ],
+        &[("VANTAGE__DATABASE__CONNECT_TIMEOUT", "2s")],
+    )
+    .await;
+    assert_eq!(out.code, Some(EXIT_UNAVAILABLE), "{out:#?}");
+    assert!(
+        out.elapsed >= Duration::from_secs(2),
+        "gave up after {:?}, before the 2 s connect_timeout had passed: {}",
+        out.elapsed,
+        out.stderr
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Graceful: readiness, metrics, SIGTERM → 0, deregistered, no lease held.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_work_deregisters_and_exits_0() {
+    let db = common::fresh_database().await;
+    // The read model lives in `public`; the daemon creates its own schema (auto_migrate).
+    {
+        let admin = connect(&db.url).await;
+        rs::exec(
+            &admin,
+            "CREATE TABLE public.cli_applied (stream_id uuid, version int, PRIMARY KEY (stream_id, version))",
+        )
+        .await;
+        admin.close().await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A few ms per event, so batches are still in flight when SIGTERM arrives.
+    let perspective = r#"
+[[perspectives]]
+name = "cli_model"
+events = ["Tick"]
+[perspectives.sql]
+Tick = "INSERT INTO public.cli_applied (stream_id, version) SELECT $2, $6 FROM pg_sleep(0.003)"
+"#;
+    let config = write_config(dir.path(), "vantage.toml", Some(&db.url), perspective);
+    let grace = Duration::from_secs(5);
+    let mut daemon = Daemon::spawn(
+        rs::vantage(
+            dir.path(),
+            &["--config", &config_arg(&config), "run"],
+            &[
+                ("VANTAGE__HTTP__LISTEN", "127.0.0.1:0"),
+                ("VANTAGE__WORKER__SHUTDOWN_GRACE", "5s"),
+                ("VANTAGE__LOG__LEVEL", "info"),
+            ],
+        ),
+        dir.path(),
+        "graceful",
+    );
+    let addr = daemon
+        .wait_running(Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| {
+            panic!(
+                "the running line names no HTTP address:\n{}",
+                daemon.log_tail(20)
+            )
+        });
+    let store = connect(&db.url).await;
+
+    // Phase 1: a small drain, then readiness and metrics.
+    let mut total = 0i64;
+    for _ in 0..10 {
+        append(&store, Uuid::new_v4(), 20).await;
+        total += 20;
+    }
+    wait_for(
+        &store,
+        "SELECT count(*) FROM wh_perspective_events",
+        0,
+        Duration::from_secs(60),
+        &daemon,
+    )
+    .await;
+    assert_eq!(
+        rs::scalar(&store, "SELECT count(*) FROM public.cli_applied").await,
+        total
+    );
+    let (status, body) = rs::http_get(addr, "/readyz").await.expect("GET /readyz");
+    assert_eq!(status, 200, "/readyz: {body}");
+    let (status, body) = rs::http_get(addr, "/healthz").await.expect("GET /healthz");
+    assert_eq!(status, 200, "/healthz: {body}");
+    let (status, metrics) = rs::http_get(addr, "/metrics").await.expect("GET /metrics");
+    assert_eq!(status, 200);
+    let applied = rs::metric_value(
+        &metrics,
+        "vantage_events_applied_total",
+        &[("perspective", "cli_model")],
+    );
+    assert_eq!(
+        applied, total as f64,
+        "every event applied once in this process:\n{metrics}"
+    );
+
+    let instances: Vec<Uuid> =
+        sqlx::query_scalar("SELECT instance_id FROM wh_service_instances WHERE process_id = $1")
+            .bind(daemon.pid)
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(instances.len(), 1, "the daemon registered itself once");
+    let instance = instances[0];
+
+    // Phase 2: a bigger backlog; SIGTERM while batches are in flight.
+    for _ in 0..40 {
+        append(&store, Uuid::new_v4(), 100).await;
+        total += 100;
+    }
+    let started = Instant::now();
+    loop {
+        let held = rs::scalar(
+            &store,
+            "SELECT count(*) FROM wh_perspective_events WHERE instance_id IS NOT NULL",
+        )
+        .await;
+        let applied = rs::scalar(&store, "SELECT count(*) FROM public.cli_applied").await;
+        if held > 0 && applied > 200 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "phase 2 never got going (held {held}, applied {applied}):\n{}",
+            daemon.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    daemon.signal(Signal::SIGTERM);
+    let sent = Instant::now();
+    let code = daemon.wait(Duration::from_secs(60)).await;
+    let took = sent.elapsed();
+    let log = daemon.log_text();
+    assert_eq!(code, Some(0), "graceful shutdown exits 0; log:\n{log}");
+    assert!(
+        took <= grace,
+        "exit took {took:?} after SIGTERM, more than shutdown_grace {grace:?}; log:\n{log}"
+    );
+    assert!(log.contains("vantage stopped"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+
+    let registered: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM wh_service_instances WHERE instance_id = $1")
+            .bind(instance)
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(registered, 0, "the instance is deregistered");
+    assert_eq!(
+        rs::scalar(
+            &store,
+            "SELECT count(*) FROM wh_perspective_events WHERE instance_id IS NOT NULL OR lease_expiry IS NOT NULL"
+        )
+        .await,
+        0,
+        "no lease held after a graceful exit"
+    );
+    // Rows given back unstarted were refunded: nothing carries a charge.
+    assert_eq!(
+        rs::scalar(
+            &store,
+            "SELECT count(*) FROM wh_perspective_events WHERE attempts > 0 OR failures > 0"
+        )
+        .await,
+        0,
+        "a graceful shutdown charged events"
+    );
+    // Nothing lost, nothing applied twice (the primary key would have refused it).
+    let applied = rs::scalar(&store, "SELECT count(*) FROM public.cli_applied").await;
+    let remaining = rs::scalar(&store, "SELECT count(*) FROM wh_perspective_events").await;
+    assert_eq!(
+        applied + remaining,
+        total,
+        "applied {applied} + queued {remaining}"
+    );
+    assert!(remaining > 0, "the shutdown was meant to interrupt a drain");
+    assert_eq!(
+        rs::scalar(
+            &store,
+            "SELECT count(*) FROM wh_perspective_events pe JOIN public.cli_applied a \
+             ON a.stream_id = pe.stream_id AND a.version = pe.stream_version"
+        )
+        .await,
+        0,
+        "a queued event is also in the read model"
+    );
+    assert_eq!(
+        rs::scalar(&store, "SELECT count(*) FROM wh_dead_letters").await,
+        0
+    );
+    eprintln!("graceful: SIGTERM → exit 0 in {took:?}; {applied} applied, {remaining} left queued");
+}
+
+async fn append(store: &Store, stream: Uuid, n: usize) {
+    let events: Vec<NewEvent> = (1..=n)
+        .map(|v| NewEvent::new("Tick", serde_json::json!({ "v": v })))
+        .collect();
+    store
+        .append_events(stream, Some(0), &events)
+        .await
+        .expect("append");
+}
+
+async fn wait_for(store: &Store, sql: &str, want: i64, limit: Duration, daemon: &Daemon) {
+    let started = Instant::now();
+    loop {
+        let got = rs::scalar(store, sql).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "timed out waiting for `{sql}` = {want} (still {got}); log:\n{}",
+            daemon.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Migrations: idempotent, and a schema newer than the binary is refused with 78.
+
+#[tokio::test]
+async fn migrate_twice_then_a_newer_schema_is_refused() {
+    let db = common::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "vantage.toml", Some(&db.url), GOOD_PERSPECTIVE);
+    let args = ["--config", &config_arg(&config), "migrate"];
+
+    let first = run_vantage(dir.path(), &args, &[]).await;
+    assert_eq!(first.code, Some(0), "{first:#?}");
+    assert!(first.stdout.contains("Applied migration"), "{first:#?}");
+
+    let second = run_vantage(dir.path(), &args, &[]).await;
+    assert_eq!(second.code, Some(0), "{second:#?}");
+    assert!(
+        second.stdout.contains("nothing to apply") && !second.stdout.contains("Applied migration"),
+        "the second migrate should say nothing was applied: {second:#?}"
+    );
+
+    // A later vantage has migrated this database.
+    let store = connect(&db.url).await;
+    rs::exec(
+        &store,
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (999999, 'from the future', true, '\\x00'::bytea, 0)",
+    )
+    .await;
+    rs::exec(
+        &store,
+        "CREATE TABLE public.cli_applied (stream_id uuid, version int, PRIMARY KEY (stream_id, version))",
+    )
+    .await;
+
+    let out = run_vantage(dir.path(), &args, &[]).await;
+    assert_eq!(out.code, Some(EXIT_CONFIG), "migrate: {out:#?}");
+    assert_newer_schema_message(&out);
+
+    let run_args = ["--config", &config_arg(&config), "run"];
+    for auto_migrate in ["true", "false"] {
+        let out = run_vantage(
+            dir.path(),
+            &run_args,
+            &[
+                ("VANTAGE__DATABASE__AUTO_MIGRATE", auto_migrate),
+                ("VANTAGE__HTTP__LISTEN", "127.0.0.1:0"),
+            ],
+        )
+        .await;
+        assert_eq!(
+            out.code,
+            Some(EXIT_CONFIG),
+            "run (auto_migrate = {auto_migrate}): {out:#?}"
+        );
+        assert_newer_schema_message(&out);
+    }
+    assert_eq!(
+        rs::scalar(&store, "SELECT count(*) FROM wh_service_instances").await,
+        0,
+        "a refused start registered an instance"
+    );
+    assert_eq!(
+        rs::scalar(&store, "SELECT count(*) FROM wh_perspectives").await,
+        0,
+        "a refused start registered perspectives"
+    );
+}
+
+#[track_caller]
+fn assert_newer_schema_message(out: &Output) {
+    assert!(
+        out.stderr.contains("newer than this binary") && out.stderr.contains("999999"),
+        "stderr should say the schema is newer than the binary: {out:#?}"
+    );
+}
