@@ -3,7 +3,10 @@
 use clap::Parser;
 
 fn main() {
-    let cli = vantage::cli::Cli::parse();
+    let cli = match vantage::cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => std::process::exit(vantage::cli::parse_error(e)),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -548,3 +548,28 @@ async fn config_check_redacts_and_validates() {
     assert_eq!(run.code, 78, "{run:#?}");
     assert!(run.stderr.contains("/nonexistent/vantage.toml"));
 }
+
+/// A command line clap rejects is still one JSON envelope on stdout under `--json`, exit 2.
+#[test]
+fn usage_errors_under_json_are_an_envelope() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vantage"))
+        .args(["dlq", "inspect", "not-a-position", "--json"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["status"], "error");
+    assert_eq!(v["version"], "1");
+    let error = v["data"]["error"].as_str().unwrap();
+    assert!(error.contains("not-a-position"), "{error}");
+    // Without --json, clap's own message on stderr, nothing on stdout.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vantage"))
+        .args(["dlq", "inspect", "not-a-position"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not-a-position"));
+}

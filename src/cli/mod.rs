@@ -76,6 +76,33 @@ pub enum Command {
     Config(config_cmd::ConfigCommand),
 }
 
+/// Reports a command line clap could not parse. Under `--json` the error is the usual envelope
+/// on stdout (scripts read stdout, not clap's text); otherwise clap prints its message. Help
+/// and version print as usual.
+pub fn parse_error(e: clap::Error) -> i32 {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            exit::OK
+        }
+        _ if std::env::args_os().any(|a| a == "--json") => {
+            let rendered = e.render().to_string();
+            let message = rendered
+                .lines()
+                .next()
+                .unwrap_or("invalid command line")
+                .trim_start_matches("error: ")
+                .to_string();
+            output::Ui::new(true).finish(Err(output::Failure::usage(message)))
+        }
+        _ => {
+            let _ = e.print();
+            exit::USAGE
+        }
+    }
+}
+
 /// Runs a parsed command line; returns the process exit code.
 pub async fn run(cli: Cli) -> i32 {
     match cli.command {
