@@ -124,7 +124,8 @@ pub async fn renew_leases(
 }
 
 /// Readiness (database reachable, migrations current) every second; gauges from the database
-/// and a cooldown sweep every few seconds.
+/// and a cooldown sweep every 15 s (the gauges count the work table: a scan, so not more often
+/// than Prometheus typically scrapes).
 pub async fn sampler(
     store: Store,
     health: Health,
@@ -153,7 +154,7 @@ pub async fn sampler(
         if n % 30 == 0 {
             health.set_migrations_current(store.check_migrations().await.is_ok());
         }
-        if n % 5 == 0 {
+        if n % 15 == 0 {
             if let Some(cache) = &cooldown {
                 cache.sweep();
             }
