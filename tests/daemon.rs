@@ -768,3 +768,41 @@ async fn a_head_acquired_for_a_stream_another_loop_holds_is_given_back() {
     drop(first);
     drop(second);
 }
+
+/// A work row whose event has vanished from the event store is not claimed forever: it is
+/// dead-lettered at once, with a reason and a message that say what happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_whose_event_vanished_is_dead_lettered_not_retried() {
+    let env = env().await;
+    exec(&env, "CREATE TABLE marked (stream_id uuid PRIMARY KEY)").await;
+    let streams = preset_rows(&env, "vanished", 2).await;
+    sqlx::query("DELETE FROM wh_event_store WHERE stream_id = $1")
+        .bind(streams[0])
+        .execute(env.store.pool())
+        .await
+        .unwrap();
+    let daemon = start(&env, settings(&env, &marker_perspective("vanished"))).await;
+    wait_drained(&env, Duration::from_secs(30)).await;
+    daemon.shutdown().await.unwrap();
+
+    let dead: Vec<(Uuid, String, i32, Option<String>)> = sqlx::query_as(
+        "SELECT stream_id, failure_reason, attempts_when_dlq, error_text FROM wh_dead_letters",
+    )
+    .fetch_all(env.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(dead.len(), 1);
+    let (stream, reason, attempts, error) = &dead[0];
+    assert_eq!(*stream, streams[0]);
+    assert_eq!(reason, "PermanentFailure");
+    assert_eq!(*attempts, 1, "dead-lettered on its first claim");
+    assert!(
+        error.as_deref().unwrap_or("").contains("no longer exists"),
+        "{error:?}"
+    );
+    let applied: Vec<Uuid> = sqlx::query_scalar("SELECT stream_id FROM marked")
+        .fetch_all(env.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(applied, vec![streams[1]]);
+}
