@@ -5,43 +5,11 @@
 mod cli_support;
 mod common;
 
-use cli_support::{assert_golden, Env};
+use cli_support::{assert_golden, seeded, Env, ORDER_1, ORDER_2, STREAM_A};
 use serde_json::json;
 use uuid::Uuid;
 
-const STREAM_A: Uuid = Uuid::from_u128(0xa000_0000_0000_4000_8000_0000_0000_000a);
-const STREAM_B: Uuid = Uuid::from_u128(0xb000_0000_0000_4000_8000_0000_0000_000b);
-const ORDER_1: &str = "00000000-0000-4000-8000-000000000001";
-const ORDER_2: &str = "00000000-0000-4000-8000-000000000002";
-const ORDER_3: &str = "00000000-0000-4000-8000-000000000003";
-
 const RACE: &str = "is no longer dead-lettered: another command changed it while this one was waiting. Nothing was done.";
-
-/// Positions 1-2 on stream A (2 has a total that is not a number: poison for order_summary),
-/// 3-4 on stream B. Work rows: order_summary 1-4, audit 1-4, legacy 1-3.
-async fn seeded() -> Env {
-    let env = Env::new().await;
-    env.append(
-        STREAM_A,
-        &[
-            (
-                "OrderPlaced",
-                json!({"order_id": ORDER_1, "total": "10.50"}),
-            ),
-            ("OrderPlaced", json!({"order_id": ORDER_2, "total": "abc"})),
-        ],
-    )
-    .await;
-    env.append(
-        STREAM_B,
-        &[
-            ("OrderPlaced", json!({"order_id": ORDER_3, "total": "7"})),
-            ("OrderShipped", json!({"order_id": ORDER_3})),
-        ],
-    )
-    .await;
-    env
-}
 
 /// [`seeded`] plus dead letters: order_summary 2 (MaxAttemptsExceeded) and 4
 /// (PermanentFailure), audit 2 (MaxAttemptsExceeded).

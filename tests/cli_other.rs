@@ -4,45 +4,16 @@
 mod cli_support;
 mod common;
 
-use cli_support::{assert_golden, base_command, finish, Env};
+use cli_support::{
+    assert_golden, base_command, finish, seeded, Env, ORDER_1, ORDER_3, STREAM_A, STREAM_B,
+};
 use serde_json::json;
 use uuid::Uuid;
 use vantage::config::Settings;
 use vantage::perspective::{EventEnvelope, Perspective, SqlPerspective};
 
-const STREAM_A: Uuid = Uuid::from_u128(0xa000_0000_0000_4000_8000_0000_0000_000a);
-const STREAM_B: Uuid = Uuid::from_u128(0xb000_0000_0000_4000_8000_0000_0000_000b);
-const ORDER_1: &str = "00000000-0000-4000-8000-000000000001";
-const ORDER_2: &str = "00000000-0000-4000-8000-000000000002";
-const ORDER_3: &str = "00000000-0000-4000-8000-000000000003";
-
 const NO_TERMINAL: &str =
     "Cannot ask for confirmation: stdin is not a terminal. Pass --yes to proceed without asking.";
-
-/// Positions 1-2 on stream A (2 is poison for order_summary), 3-4 on stream B.
-async fn seeded() -> Env {
-    let env = Env::new().await;
-    env.append(
-        STREAM_A,
-        &[
-            (
-                "OrderPlaced",
-                json!({"order_id": ORDER_1, "total": "10.50"}),
-            ),
-            ("OrderPlaced", json!({"order_id": ORDER_2, "total": "abc"})),
-        ],
-    )
-    .await;
-    env.append(
-        STREAM_B,
-        &[
-            ("OrderPlaced", json!({"order_id": ORDER_3, "total": "7"})),
-            ("OrderShipped", json!({"order_id": ORDER_3})),
-        ],
-    )
-    .await;
-    env
-}
 
 /// A daemon-free drain of one perspective, in position order: apply and complete in one
 /// transaction; a failing event keeps its work row.

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use uuid::Uuid;
 use vantage::store::{
@@ -495,4 +495,41 @@ fn normalise_replaces_uuids_timestamps() {
         normalise("id 6f1c1a8e-5f4e-4c59-9d59-0d3b8f1c2a01 at 2024-05-01T10:11:12.345Z, 2024-05-01T10:11:12Z."),
         "id <uuid> at <timestamp>, <timestamp>."
     );
+}
+
+/// Fixture id.
+pub const STREAM_A: Uuid = Uuid::from_u128(0xa000_0000_0000_4000_8000_0000_0000_000a);
+/// Fixture id.
+pub const STREAM_B: Uuid = Uuid::from_u128(0xb000_0000_0000_4000_8000_0000_0000_000b);
+/// Fixture id.
+pub const ORDER_1: &str = "00000000-0000-4000-8000-000000000001";
+/// Fixture id.
+pub const ORDER_2: &str = "00000000-0000-4000-8000-000000000002";
+/// Fixture id.
+pub const ORDER_3: &str = "00000000-0000-4000-8000-000000000003";
+
+/// Positions 1-2 on stream A (2 has a total that is not a number: poison for order_summary),
+/// 3-4 on stream B. Work rows: order_summary 1-4, audit 1-4, legacy 1-3.
+pub async fn seeded() -> Env {
+    let env = Env::new().await;
+    env.append(
+        STREAM_A,
+        &[
+            (
+                "OrderPlaced",
+                json!({"order_id": ORDER_1, "total": "10.50"}),
+            ),
+            ("OrderPlaced", json!({"order_id": ORDER_2, "total": "abc"})),
+        ],
+    )
+    .await;
+    env.append(
+        STREAM_B,
+        &[
+            ("OrderPlaced", json!({"order_id": ORDER_3, "total": "7"})),
+            ("OrderShipped", json!({"order_id": ORDER_3})),
+        ],
+    )
+    .await;
+    env
 }
