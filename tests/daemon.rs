@@ -806,3 +806,74 @@ async fn a_row_whose_event_vanished_is_dead_lettered_not_retried() {
         .unwrap();
     assert_eq!(applied, vec![streams[1]]);
 }
+
+/// A handler that never finishes cannot hold shutdown hostage: after the grace its batch is
+/// abandoned (rolled back), its rows are given back refunded, and the daemon stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_handler_is_abandoned_after_the_grace() {
+    let env = env().await;
+    create_deliveries(&env).await;
+    let mut s = settings(&env, "");
+    s.worker.shutdown_grace = Duration::from_secs(1);
+    let daemon = DaemonBuilder::new(s)
+        .store(env.store.clone())
+        .without_http()
+        .perspective(Recorder {
+            name: "stuck".into(),
+            delay: Duration::from_secs(600),
+        })
+        .start()
+        .await
+        .unwrap();
+    append(
+        &env,
+        Uuid::new_v4(),
+        vec![ev("Stuck", serde_json::json!({}))],
+    )
+    .await;
+    wait_until(
+        &env,
+        "SELECT count(*) FROM wh_perspective_events WHERE instance_id IS NOT NULL",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+    let started = Instant::now();
+    daemon.shutdown().await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(1) + Duration::from_secs(5),
+        "shutdown took {:?} with a 1 s grace",
+        started.elapsed()
+    );
+    assert_eq!(scalar_i64(&env, "SELECT count(*) FROM deliveries").await, 0);
+    let (leased, attempts): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE instance_id IS NOT NULL), coalesce(sum(attempts), 0)::bigint \
+         FROM wh_perspective_events",
+    )
+    .fetch_one(env.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        (leased, attempts),
+        (0, 0),
+        "given back, and the attempt refunded"
+    );
+    // The abandoned batch's transaction is rolled back, not left open on the server.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let open = scalar_i64(
+            &env,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND state LIKE 'idle in transaction%'",
+        )
+        .await;
+        if open == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stuck batch still holds an open transaction"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

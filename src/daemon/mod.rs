@@ -200,6 +200,7 @@ impl DaemonBuilder {
         let stop_claiming = CancellationToken::new();
         let stop_background = CancellationToken::new();
         let consumers = TaskTracker::new();
+        let mut consumer_tasks = Vec::new();
         let background = TaskTracker::new();
 
         // HTTP first, so a port conflict fails start-up before any work is claimed.
@@ -257,10 +258,10 @@ impl DaemonBuilder {
             let token = stop_claiming.clone();
             let beat = health.register_loop("listener", Duration::from_secs(30));
             let wake = Arc::clone(&wake_tx);
-            consumers.spawn(async move {
+            consumer_tasks.push(consumers.spawn(async move {
                 listener::run(store, wake, token, || beat.beat()).await;
                 beat.finish();
-            });
+            }));
         }
         for id in 0..settings.worker.consumers {
             let pipeline = pipeline.clone();
@@ -270,10 +271,10 @@ impl DaemonBuilder {
             // A batch may legitimately take long; liveness only flags a loop silent for long.
             let stale = (settings.worker.lease * 3).max(poll * 3);
             let beat = health.register_loop(format!("consumer-{id}"), stale);
-            consumers.spawn(async move {
+            consumer_tasks.push(consumers.spawn(async move {
                 consumer::run(id, pipeline, wake, poll, token, || beat.beat()).await;
                 beat.finish();
-            });
+            }));
         }
         background.spawn(background::heartbeat(
             store.clone(),
@@ -324,6 +325,7 @@ impl DaemonBuilder {
                     stop_claiming,
                     stop_background,
                     consumers,
+                    consumer_tasks,
                     background,
                     _wake: wake_tx,
                 })
@@ -351,6 +353,7 @@ struct DrainAndStop {
     stop_claiming: CancellationToken,
     stop_background: CancellationToken,
     consumers: TaskTracker,
+    consumer_tasks: Vec<JoinHandle<()>>,
     background: TaskTracker,
     _wake: Arc<watch::Sender<u64>>,
 }
@@ -368,6 +371,10 @@ async fn drain_and_stop(s: DrainAndStop) -> Result<(), DaemonError> {
         .is_err()
     {
         tracing::warn!(grace = ?s.grace, "batches still in flight after the shutdown grace; abandoning them (their transactions roll back)");
+        for task in &s.consumer_tasks {
+            task.abort();
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.consumers.wait()).await;
     }
     // Whatever is still leased (an abandoned batch, rows never started) goes back refunded.
     match s.store.deregister(s.instance).await {
