@@ -137,13 +137,71 @@ impl Store {
         record_failure_in(&self.pool, instance, id, error, retry_after).await
     }
 
-    /// Gives back rows claimed but never handed to a handler, refunding the attempt.
+    /// Gives back rows claimed but never handed to a handler, refunding exactly the bump their
+    /// claim made (none for a row this instance re-leased without a takeover).
     pub async fn release_unstarted(
         &self,
         instance: InstanceId,
         ids: &[Uuid],
     ) -> Result<u64, StoreError> {
         release_unstarted_in(&self.pool, instance, ids).await
+    }
+
+    /// Gives back rows a handler saw, without a refund (the attempt was used).
+    pub async fn release_started(
+        &self,
+        instance: InstanceId,
+        ids: &[Uuid],
+    ) -> Result<u64, StoreError> {
+        release_started_in(&self.pool, instance, ids).await
+    }
+
+    /// Keeps `error` as the row's `last_error` without charging it (the row is given back
+    /// uncharged: a lock conflict, a lost database). False if the row is no longer ours.
+    pub async fn note_error(
+        &self,
+        instance: InstanceId,
+        id: Uuid,
+        error: &str,
+    ) -> Result<bool, StoreError> {
+        sqlx::query_scalar("SELECT note_perspective_event_error($1, $2, $3)")
+            .bind(instance.0)
+            .bind(id)
+            .bind(error)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map_db_error)
+    }
+
+    /// Begins a batch transaction whose statements may each run at most `statement_timeout`,
+    /// and returns it with its server process id (to cancel its work from elsewhere).
+    pub async fn begin_batch(
+        &self,
+        statement_timeout: Duration,
+    ) -> Result<(sqlx::Transaction<'static, sqlx::Postgres>, i32), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let millis = statement_timeout
+            .as_millis()
+            .clamp(1, i32::MAX as u128)
+            .to_string();
+        let pid: i32 = sqlx::query_scalar(
+            "SELECT pg_backend_pid() FROM set_config('statement_timeout', $1, true)",
+        )
+        .bind(millis)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(map_db_error)?;
+        Ok((tx, pid))
+    }
+
+    /// Cancels whatever the server process `pid` is running (the statement of a batch we gave
+    /// up on), so its transaction rolls back and releases its locks.
+    pub async fn cancel_backend(&self, pid: i32) -> Result<bool, StoreError> {
+        sqlx::query_scalar("SELECT pg_cancel_backend($1)")
+            .bind(pid)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map_db_error)
     }
 
     /// Extends the leases of rows we still hold; returns how many.
@@ -209,7 +267,26 @@ pub async fn record_failure_in<'c, E: sqlx::PgExecutor<'c>>(
         .map_err(map_db_error)
 }
 
-/// Gives back unstarted rows with a refund, on any executor. Returns how many were ours.
+/// Gives back rows a handler saw, without a refund, on any executor. Returns how many were ours.
+pub async fn release_started_in<'c, E: sqlx::PgExecutor<'c>>(
+    executor: E,
+    instance: InstanceId,
+    ids: &[Uuid],
+) -> Result<u64, StoreError> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let n: i32 = sqlx::query_scalar("SELECT release_started_leases($1, $2)")
+        .bind(instance.0)
+        .bind(ids)
+        .fetch_one(executor)
+        .await
+        .map_err(map_db_error)?;
+    Ok(n as u64)
+}
+
+/// Gives back unstarted rows with a refund of their claim's bump, on any executor. Returns how
+/// many were ours.
 pub async fn release_unstarted_in<'c, E: sqlx::PgExecutor<'c>>(
     executor: E,
     instance: InstanceId,

@@ -11,7 +11,9 @@ mod instances;
 mod operator;
 mod status;
 
-pub use claims::{complete_in, record_failure_in, release_unstarted_in, ClaimedHead, WorkRow};
+pub use claims::{
+    complete_in, record_failure_in, release_started_in, release_unstarted_in, ClaimedHead, WorkRow,
+};
 pub use dead_letters::{
     move_to_dead_letters_in, resolve_dead_letter_in, DeadLetter, DeadLetterStatus, HistoryEntry,
     MoveOutcome, FAILURE_MAX_ATTEMPTS, FAILURE_PERMANENT, SOURCE_TABLE,
@@ -142,6 +144,12 @@ pub struct StoreOptions {
     pub max_connections: u32,
     /// How long to keep retrying the first connection before giving up.
     pub connect_timeout: Duration,
+    /// `application_name` of every connection (the daemon puts its instance id there, so an
+    /// operator can tell its sessions apart in `pg_stat_activity`).
+    pub application_name: String,
+    /// `idle_in_transaction_session_timeout` of every session: a transaction left open by a
+    /// stuck client is ended by the server instead of holding locks and an old snapshot.
+    pub idle_in_transaction_timeout: Option<Duration>,
 }
 
 impl StoreOptions {
@@ -152,6 +160,8 @@ impl StoreOptions {
             schema: "vantage".into(),
             max_connections: 10,
             connect_timeout: Duration::from_secs(30),
+            application_name: "vantage".into(),
+            idle_in_transaction_timeout: None,
         }
     }
 
@@ -162,6 +172,8 @@ impl StoreOptions {
             schema: db.schema.clone(),
             max_connections: db.max_connections,
             connect_timeout: db.connect_timeout,
+            application_name: "vantage".into(),
+            idle_in_transaction_timeout: None,
         }
     }
 
@@ -172,9 +184,17 @@ impl StoreOptions {
                 .map_err(|e| StoreError::InvalidUrl(redact_error(&e.to_string(), url)))?,
             None => PgConnectOptions::new(),
         };
+        let mut options = vec![("search_path".to_string(), self.schema.clone())];
+        if let Some(idle) = self.idle_in_transaction_timeout {
+            let millis = idle.as_millis().clamp(1, i32::MAX as u128);
+            options.push((
+                "idle_in_transaction_session_timeout".into(),
+                millis.to_string(),
+            ));
+        }
         Ok(base
-            .application_name("vantage")
-            .options([("search_path", self.schema.as_str())]))
+            .application_name(&self.application_name)
+            .options(options))
     }
 
     /// `host:port` of the target, for messages (never the password).
