@@ -61,6 +61,7 @@ const WORKER_KEYS: &[&str] = &[
     "retry_backoff_base",
     "retry_backoff_max",
     "shutdown_grace",
+    "apply_timeout",
 ];
 const COOLDOWN_KEYS: &[&str] = &["enabled", "ttl", "max_entries"];
 const ORPHANS_KEYS: &[&str] = &["heartbeat_interval", "stale_after"];
@@ -159,7 +160,14 @@ pub struct WorkerSettings {
     pub retry_backoff_max: Duration,
     /// `shutdown_grace` (default 30 s): time given to in-flight applies at shutdown.
     pub shutdown_grace: Duration,
+    /// `apply_timeout` (default 30 s, or half the lease when that is shorter; must be below
+    /// the lease): the deadline of one apply. A timed-out apply is a retryable failure, charged
+    /// like any other, so a hung handler cannot hold its lane forever.
+    pub apply_timeout: Duration,
 }
+
+/// Default of `worker.apply_timeout`, when the lease leaves room for it.
+const DEFAULT_APPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Default for WorkerSettings {
     fn default() -> Self {
@@ -173,6 +181,7 @@ impl Default for WorkerSettings {
             retry_backoff_base: Duration::from_secs(1),
             retry_backoff_max: Duration::from_secs(5 * 60),
             shutdown_grace: Duration::from_secs(30),
+            apply_timeout: DEFAULT_APPLY_TIMEOUT,
         }
     }
 }
@@ -587,6 +596,7 @@ impl Settings {
             toml_duration(w.retry_backoff_max),
         );
         entry(&mut out, "shutdown_grace", toml_duration(w.shutdown_grace));
+        entry(&mut out, "apply_timeout", toml_duration(w.apply_timeout));
 
         let c = &self.cooldown;
         out.push_str("\n[cooldown]\n");
@@ -920,6 +930,12 @@ fn from_tree(root: Map<String, Value>, origins: &Origins) -> Result<Settings, Co
     t.set("retry_backoff_base", &mut w.retry_backoff_base, duration)?;
     t.set("retry_backoff_max", &mut w.retry_backoff_max, duration)?;
     t.set("shutdown_grace", &mut w.shutdown_grace, duration)?;
+    // Not set: 30 s, or half the lease when the lease is shorter than a minute.
+    let mut apply_timeout = None;
+    t.set("apply_timeout", &mut apply_timeout, |v| {
+        duration(v).map(Some)
+    })?;
+    w.apply_timeout = apply_timeout.unwrap_or_else(|| DEFAULT_APPLY_TIMEOUT.min(w.lease / 2));
     t.finish(WORKER_KEYS)?;
 
     let mut t = root.table("cooldown")?;
@@ -996,6 +1012,16 @@ fn validate(s: &Settings, origins: &Origins) -> Result<(), ConfigError> {
             "worker.lease",
             toml_duration(w.lease),
             "a duration of at least 1s (leases are whole seconds in SQL)",
+        ));
+    }
+    if w.apply_timeout.is_zero() || w.apply_timeout >= w.lease {
+        return Err(origins.invalid(
+            "worker.apply_timeout",
+            toml_duration(w.apply_timeout),
+            format!(
+                "a duration greater than zero and below worker.lease ({}): an apply must end while its lease is held",
+                toml_duration(w.lease)
+            ),
         ));
     }
     // Zero would make the interval timers spin (tokio refuses a zero period).

@@ -463,9 +463,12 @@ async fn a_failing_move_keeps_the_row_in_the_apply_set() {
 
 /// Records every delivery with the attempts it carried, and fails if another transaction is
 /// applying the same (stream, perspective) at the same moment.
+#[derive(Default)]
 struct Recorder {
     name: String,
     delay: Duration,
+    /// Work ids handed to `apply` (outside any transaction, so it survives a rollback).
+    seen: Arc<std::sync::Mutex<std::collections::HashSet<Uuid>>>,
 }
 
 #[async_trait]
@@ -477,6 +480,7 @@ impl Perspective for Recorder {
         vec!["*".into()]
     }
     async fn apply(&self, e: &EventEnvelope, tx: &mut PgConnection) -> Result<(), ApplyError> {
+        self.seen.lock().unwrap().insert(e.event_work_id);
         let exclusive: bool =
             sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1 || ':' || $2::text))")
                 .bind(&self.name)
@@ -546,10 +550,12 @@ async fn cooled_rows_are_completed_without_a_second_apply_per_perspective() {
         .perspective(Recorder {
             name: "cool_a".into(),
             delay: Duration::ZERO,
+            ..Recorder::default()
         })
         .perspective(Recorder {
             name: "cool_b".into(),
             delay: Duration::ZERO,
+            ..Recorder::default()
         })
         .start()
         .await
@@ -579,10 +585,12 @@ async fn two_daemons_share_the_work_without_overlap_and_hand_over_gracefully() {
             .perspective(Recorder {
                 name: "shared_a".into(),
                 delay: Duration::from_millis(1),
+                ..Recorder::default()
             })
             .perspective(Recorder {
                 name: "shared_b".into(),
                 delay: Duration::from_millis(1),
+                ..Recorder::default()
             })
     };
     let first = build(settings(&env, "")).start().await.unwrap();
@@ -648,12 +656,14 @@ async fn shutdown_returns_within_the_grace_and_leaves_no_lease() {
     create_deliveries(&env).await;
     let mut s = settings(&env, "");
     s.worker.shutdown_grace = Duration::from_secs(2);
+    let seen: Arc<std::sync::Mutex<std::collections::HashSet<Uuid>>> = Default::default();
     let daemon = DaemonBuilder::new(s)
         .store(env.store.clone())
         .without_http()
         .perspective(Recorder {
             name: "slow".into(),
             delay: Duration::from_millis(20),
+            seen: Arc::clone(&seen),
         })
         .start()
         .await
@@ -693,13 +703,19 @@ async fn shutdown_returns_within_the_grace_and_leaves_no_lease() {
             .await
             .unwrap();
     assert_eq!(registered, 0, "deregistered");
-    // Rows never started were given back with a refund: none carries a charge.
-    let charged = scalar_i64(
-        &env,
-        "SELECT count(*) FROM wh_perspective_events WHERE attempts > 0",
-    )
-    .await;
-    assert_eq!(charged, 0);
+    // Rows never started were given back with a refund: none carries a charge. (Rows whose
+    // handler had started in an abandoned batch keep theirs: issue #7, defect 7.)
+    let charged: Vec<Uuid> =
+        sqlx::query_scalar("SELECT event_work_id FROM wh_perspective_events WHERE attempts > 0")
+            .fetch_all(env.store.pool())
+            .await
+            .unwrap();
+    let seen = seen.lock().unwrap();
+    let unstarted_charged: Vec<&Uuid> = charged.iter().filter(|id| !seen.contains(id)).collect();
+    assert!(
+        unstarted_charged.is_empty(),
+        "rows no handler saw still carry a charge: {unstarted_charged:?}"
+    );
 }
 
 /// Loop 1 still holds a stream's reservation (finishing its batch) when a row it failed becomes
@@ -808,7 +824,8 @@ async fn a_row_whose_event_vanished_is_dead_lettered_not_retried() {
 }
 
 /// A handler that never finishes cannot hold shutdown hostage: after the grace its batch is
-/// abandoned (rolled back), its rows are given back refunded, and the daemon stops.
+/// abandoned (rolled back), its rows are given back (not refunded: its handler had started),
+/// and the daemon stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_handler_is_abandoned_after_the_grace() {
     let env = env().await;
@@ -821,6 +838,7 @@ async fn a_stuck_handler_is_abandoned_after_the_grace() {
         .perspective(Recorder {
             name: "stuck".into(),
             delay: Duration::from_secs(600),
+            ..Recorder::default()
         })
         .start()
         .await
@@ -831,9 +849,10 @@ async fn a_stuck_handler_is_abandoned_after_the_grace() {
         vec![ev("Stuck", serde_json::json!({}))],
     )
     .await;
+    // The handler holds its lane's advisory lock while it sleeps: it has started.
     wait_until(
         &env,
-        "SELECT count(*) FROM wh_perspective_events WHERE instance_id IS NOT NULL",
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
         1,
         Duration::from_secs(30),
     )
@@ -853,10 +872,12 @@ async fn a_stuck_handler_is_abandoned_after_the_grace() {
     .fetch_one(env.store.pool())
     .await
     .unwrap();
+    // Issue #7, defect 7: the handler had started, so its claim is not refunded (before, every
+    // give-back refunded one attempt and attempts undercounted).
     assert_eq!(
         (leased, attempts),
-        (0, 0),
-        "given back, and the attempt refunded"
+        (0, 1),
+        "given back, and the attempt its handler used kept"
     );
     // The abandoned batch's transaction is rolled back, not left open on the server.
     let deadline = Instant::now() + Duration::from_secs(5);

@@ -25,7 +25,7 @@ pub async fn run(
         }
         // Seen before claiming: a notification from now on wakes the wait below at once.
         wake.borrow_and_update();
-        match pipeline.drain_once().await {
+        match pipeline.drain_once_unless(&shutdown).await {
             Ok(outcome) if outcome.claimed > 0 => {
                 backoff = Duration::from_millis(100);
                 tracing::debug!(consumer = id, ?outcome, "batch done");

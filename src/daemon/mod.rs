@@ -147,9 +147,10 @@ impl DaemonBuilder {
     /// perspectives, registers the instance, and starts every loop.
     pub async fn start(self) -> Result<RunningDaemon, DaemonError> {
         let settings = Arc::new(self.settings);
+        let instance = self.instance;
         let store = match self.store {
             Some(s) => s,
-            None => Store::connect(&StoreOptions::from_settings(&settings.database))
+            None => Store::connect(&daemon_store_options(&settings, instance))
                 .await
                 .map_err(store_error)?,
         };
@@ -175,7 +176,6 @@ impl DaemonBuilder {
         crate::perspective::prepare_sql_perspectives(&store, &settings.perspectives).await?;
         registry.register_all(&store).await?;
 
-        let instance = self.instance;
         let info = InstanceInfo::current("vantage");
         store
             .heartbeat(instance, &info)
@@ -239,7 +239,9 @@ impl DaemonBuilder {
                 backoff_base: settings.worker.retry_backoff_base,
                 backoff_max: settings.worker.retry_backoff_max,
                 max_attempts: settings.worker.max_perspective_event_attempts,
+                apply_timeout: settings.worker.apply_timeout,
                 small_transactions: Default::default(),
+                inflight: Arc::clone(&inflight),
             },
             limits: ClaimLimits {
                 lease: settings.worker.lease,
@@ -315,11 +317,13 @@ impl DaemonBuilder {
             let health = health.clone();
             let store = store.clone();
             let grace = settings.worker.shutdown_grace;
+            let stop_inflight = Arc::clone(&inflight);
             tokio::spawn(async move {
                 shutdown.cancelled().await;
                 drain_and_stop(DrainAndStop {
                     store,
                     instance,
+                    inflight: stop_inflight,
                     health,
                     grace,
                     stop_claiming,
@@ -348,6 +352,7 @@ impl DaemonBuilder {
 struct DrainAndStop {
     store: Store,
     instance: InstanceId,
+    inflight: Arc<InFlight>,
     health: Health,
     grace: Duration,
     stop_claiming: CancellationToken,
@@ -358,38 +363,95 @@ struct DrainAndStop {
     _wake: Arc<watch::Sender<u64>>,
 }
 
-/// Graceful shutdown: not ready, stop claiming, let batches in flight finish within the grace
-/// (leases still renewed meanwhile), give back everything still held with a refund, deregister.
+/// How long shutdown may take once the grace is over, whatever handlers or the database do.
+/// The shipped stop timeouts (systemd, Kubernetes) keep a margin over grace + this.
+pub const SHUTDOWN_TAIL: Duration = Duration::from_secs(6);
+
+/// Graceful shutdown: not ready, stop claiming (a pending claim is abandoned: it is no work in
+/// flight), let batches in flight finish within the grace (leases still renewed meanwhile),
+/// then, bounded by [`SHUTDOWN_TAIL`]: abandon what still runs (its statements cancelled on the
+/// server, so its transactions roll back), give back the rows its handlers had seen without a
+/// refund, deregister (the rest go back with a refund of their claim's bump).
 async fn drain_and_stop(s: DrainAndStop) -> Result<(), DaemonError> {
     s.health.set_shutting_down();
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
     tracing::info!(grace = ?s.grace, "shutting down: finishing batches in flight");
     s.stop_claiming.cancel();
     s.consumers.close();
-    if tokio::time::timeout(s.grace, s.consumers.wait())
+    let finished = tokio::time::timeout(s.grace, s.consumers.wait())
         .await
-        .is_err()
-    {
-        tracing::warn!(grace = ?s.grace, "batches still in flight after the shutdown grace; abandoning them (their transactions roll back)");
+        .is_ok();
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_TAIL;
+    let bounded = |what: &'static str| {
+        move |_| {
+            tracing::warn!("shutdown: {what} got no answer in time; going on");
+        }
+    };
+    if !finished {
+        tracing::warn!(grace = ?s.grace, "batches still in flight after the shutdown grace; abandoning them (their statements are cancelled and their transactions roll back)");
+        let started = s.inflight.started_rows();
+        let backends = s.inflight.backends();
         for task in &s.consumer_tasks {
             task.abort();
         }
-        let _ = tokio::time::timeout(Duration::from_secs(5), s.consumers.wait()).await;
+        let cancel = async {
+            for pid in backends {
+                let _ = s.store.cancel_backend(pid).await;
+            }
+        };
+        let _ = tokio::time::timeout_at(deadline, cancel)
+            .await
+            .map_err(bounded("cancelling batch statements"));
+        let _ = tokio::time::timeout_at(deadline, s.consumers.wait())
+            .await
+            .map_err(bounded("waiting for abandoned batches"));
+        // Their handlers saw these rows: the attempt was used, no refund.
+        match tokio::time::timeout_at(deadline, s.store.release_started(s.instance, &started)).await
+        {
+            Ok(Ok(n)) if n > 0 => {
+                metrics::counter!(crate::telemetry::metrics::LEASES_RELEASED_TOTAL).increment(n)
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "could not give back the rows of abandoned batches")
+            }
+            Err(_) => tracing::warn!(
+                "shutdown: giving back abandoned rows got no answer in time; going on"
+            ),
+        }
     }
-    // Whatever is still leased (an abandoned batch, rows never started) goes back refunded.
-    match s.store.deregister(s.instance).await {
-        Ok(released) => {
+    // Whatever is still leased (rows never started) goes back with a refund of its bump.
+    match tokio::time::timeout_at(deadline, s.store.deregister(s.instance)).await {
+        Ok(Ok(released)) => {
+            if released > 0 {
+                metrics::counter!(crate::telemetry::metrics::LEASES_RELEASED_TOTAL)
+                    .increment(released);
+            }
             tracing::info!(released, instance = %s.instance, "deregistered; leases given back")
         }
-        Err(error) => {
+        Ok(Err(error)) => {
             tracing::warn!(%error, "could not deregister; other instances will take over once this one is stale")
         }
+        Err(_) => tracing::warn!(
+            "deregistration got no answer in time; other instances will take over once this one is stale"
+        ),
     }
     s.stop_background.cancel();
     s.background.close();
-    let _ = tokio::time::timeout(Duration::from_secs(5), s.background.wait()).await;
+    let until = deadline.max(tokio::time::Instant::now() + Duration::from_millis(500));
+    let _ = tokio::time::timeout_at(until, s.background.wait()).await;
     tracing::info!("vantage stopped");
     Ok(())
+}
+
+/// The daemon's connections: named after the instance (visible in `pg_stat_activity`), and a
+/// transaction left idle by a stuck client is ended by the server after a lease (our batches
+/// are never idle that long: every apply ends within `worker.apply_timeout`).
+fn daemon_store_options(settings: &Settings, instance: InstanceId) -> StoreOptions {
+    let mut options = StoreOptions::from_settings(&settings.database);
+    options.application_name = format!("vantage {instance}");
+    options.idle_in_transaction_timeout = Some(settings.worker.lease);
+    options
 }
 
 /// A started daemon.

@@ -9,6 +9,19 @@
 //! - a permanent failure dead-letters the row at once (`PermanentFailure`) and the lane goes on;
 //! - every other row is applied and completed.
 //!
+//! Every apply has a deadline (`worker.apply_timeout`; SQL statements also get it as their
+//! `statement_timeout`). A failure that takes the whole transaction down with it (a handler
+//! that timed out, a statement that killed its own connection) is charged to its row on its own
+//! statement, and the careful pass runs again without the rest of that lane.
+//!
+//! Whether "the database is unavailable" (give everything back, charge nobody) is decided by
+//! asking the database, never from the SQLSTATE a statement returned: a statement that fails
+//! the same way every time is eventually charged and dead-lettered, whatever its code. Lock
+//! conflicts are retried uncharged a few times, then charged too.
+//!
+//! Every change to a leased row goes through the lease handle ([`LeasedBatch`]), which reports
+//! it once it is durable.
+//!
 //! The cooldown cache is checked before each apply and marked right after a successful one.
 //! For perspectives whose effects all go through the transaction, a rolled-back mark is
 //! forgotten again (their effects were rolled back too).
@@ -24,11 +37,10 @@ use uuid::Uuid;
 use super::backoff::retry_delay;
 use super::cooldown::CooldownCache;
 use super::envelope::EventEnvelope;
-use crate::perspective::{is_conflict, ApplyError, Perspective, PerspectiveRegistry};
-use crate::store::{
-    complete_in, move_to_dead_letters_in, record_failure_in, release_unstarted_in, InstanceId,
-    MoveOutcome, Store, StoreError, FAILURE_PERMANENT,
-};
+use super::inflight::InFlight;
+use super::lease::{LeasedBatch, Staged};
+use crate::perspective::{ApplyError, Perspective, PerspectiveRegistry};
+use crate::store::{InstanceId, Store, StoreError, FAILURE_PERMANENT};
 use crate::telemetry::metrics as m;
 
 /// Everything the apply stage needs.
@@ -48,14 +60,24 @@ pub struct ApplyContext {
     pub backoff_max: Duration,
     /// `worker.max_perspective_event_attempts`, for log lines.
     pub max_attempts: Option<u32>,
+    /// `worker.apply_timeout`: the deadline of one apply.
+    pub apply_timeout: Duration,
     /// Batches still to run one lane per transaction, shared by the consumer loops of the
     /// process: set after a lock conflict, counted down per batch (see [`apply_batch`]).
     pub small_transactions: Arc<AtomicU32>,
+    /// The process's work in flight (batch transactions are listed there for shutdown).
+    pub inflight: Arc<InFlight>,
 }
 
 /// How many batches run one lane per transaction after a lock conflict before whole-batch
 /// transactions are tried again.
 const SMALL_TRANSACTION_BATCHES: u32 = 20;
+
+/// How many times a lane is run before a lock conflict is charged to the row that hit it.
+const CONFLICT_ROUNDS: u64 = 4;
+
+/// How long we ask the database whether it is there before calling it unavailable.
+const HEALTH_PROBE: Duration = Duration::from_secs(2);
 
 /// What happened to one batch.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -68,9 +90,9 @@ pub struct BatchOutcome {
     pub failed: usize,
     /// Rows dead-lettered for a permanent failure.
     pub dead_lettered: usize,
-    /// Rows given back unstarted (behind a failure, or after a lost lease).
+    /// Rows given back (behind a failure, after a lost lease or conflict).
     pub released: usize,
-    /// A lease was lost: the whole transaction was rolled back and our rows given back.
+    /// A lease was lost: a transaction was rolled back and its changes redone on their own.
     pub lease_lost: bool,
 }
 
@@ -85,45 +107,40 @@ impl BatchOutcome {
     }
 }
 
-/// Why a batch could not be applied at all. The caller gives the rows back with a refund.
+/// Why a batch could not be applied at all. The caller gives the rows back.
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyBatchError {
     /// The database failed (connection lost, commit failed): nobody is charged.
     #[error(transparent)]
     Store(StoreError),
-    /// A handler reported the database unavailable.
+    /// The database did not answer a health probe after a statement failed: nobody is charged.
     #[error("database unavailable while applying: {0}")]
     Unavailable(String),
-    /// The batch kept losing lock races (deadlocks with other batches touching the same
-    /// read-model rows): nobody is charged, the rows go back with a refund.
-    #[error("transaction conflicts while applying: {0}")]
-    Conflict(String),
 }
 
 impl From<StoreError> for ApplyBatchError {
     fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::Database(db) => ApplyBatchError::from(db),
-            StoreError::Conflict(m) => ApplyBatchError::Conflict(m),
-            other => ApplyBatchError::Store(other),
-        }
+        ApplyBatchError::Store(e)
     }
 }
 
 impl From<sqlx::Error> for ApplyBatchError {
     fn from(e: sqlx::Error) -> Self {
-        if is_conflict(&e) {
-            ApplyBatchError::Conflict(e.to_string())
-        } else {
-            ApplyBatchError::Store(StoreError::Database(e))
-        }
+        ApplyBatchError::Store(StoreError::Database(e))
     }
 }
 
 /// One lane's events, in stream_version order, with its handler.
+#[derive(Clone)]
 struct Lane {
     perspective: Arc<dyn Perspective>,
     events: Vec<EventEnvelope>,
+}
+
+impl Lane {
+    fn ids(&self) -> Vec<Uuid> {
+        self.events.iter().map(|e| e.event_work_id).collect()
+    }
 }
 
 fn lanes(ctx: &ApplyContext, events: Vec<EventEnvelope>) -> (Vec<Lane>, Vec<Uuid>) {
@@ -151,12 +168,11 @@ fn lanes(ctx: &ApplyContext, events: Vec<EventEnvelope>) -> (Vec<Lane>, Vec<Uuid
     (lanes, unhandled)
 }
 
-/// Per-perspective counters, published once per batch.
+/// Per-perspective counters of applies and cooled rows, published once the pass commits.
 #[derive(Default)]
 struct Tally {
     applied: BTreeMap<String, u64>,
     cooled: BTreeMap<String, u64>,
-    failures: BTreeMap<String, u64>,
 }
 
 impl Tally {
@@ -166,9 +182,6 @@ impl Tally {
         }
         for (p, n) in self.cooled {
             metrics::counter!(m::COOLDOWN_SKIPS_TOTAL, m::LABEL_PERSPECTIVE => p).increment(n);
-        }
-        for (p, n) in self.failures {
-            metrics::counter!(m::APPLY_FAILURES_TOTAL, m::LABEL_PERSPECTIVE => p).increment(n);
         }
     }
 }
@@ -196,13 +209,15 @@ impl Marks {
     }
 }
 
-/// The bookkeeping of one pass over a batch (one transaction).
+/// The bookkeeping of one pass over some lanes (one transaction).
 #[derive(Default)]
 struct Pass {
     marks: Marks,
     tally: Tally,
     /// Rows to complete in this transaction.
     done: Vec<Uuid>,
+    /// Changes staged on leased rows, reported after commit.
+    staged: Staged,
     outcome: BatchOutcome,
 }
 
@@ -229,14 +244,37 @@ impl Pass {
         self.outcome.applied += 1;
         self.done.push(ev.event_work_id);
     }
+}
 
-    /// The transaction will not commit: forget its marks, return the error.
-    fn abandon<E>(self, ctx: &ApplyContext, error: E) -> ApplyBatchError
-    where
-        ApplyBatchError: From<E>,
-    {
-        self.marks.forget(ctx);
-        ApplyBatchError::from(error)
+/// How a pass ended when it did not commit.
+enum Abort {
+    /// The database (or our use of it) failed as a whole.
+    Batch(ApplyBatchError),
+    /// A lock conflict at `event` of the pass's lane (None = at completion or commit; only
+    /// read when the pass ran one lane). The transaction was rolled back.
+    Conflict {
+        event: Option<usize>,
+        reason: String,
+    },
+    /// The event at `lane`/`event` failed in a way that took the transaction down with it (a
+    /// timeout, a statement that broke its connection). Rolled back; the event is to be
+    /// charged on its own statement.
+    Poisoned {
+        lane: usize,
+        event: usize,
+        error: String,
+    },
+}
+
+impl From<StoreError> for Abort {
+    fn from(e: StoreError) -> Self {
+        Abort::Batch(ApplyBatchError::Store(e))
+    }
+}
+
+impl From<sqlx::Error> for Abort {
+    fn from(e: sqlx::Error) -> Self {
+        Abort::Batch(ApplyBatchError::from(e))
     }
 }
 
@@ -244,31 +282,82 @@ fn is_cooled(ctx: &ApplyContext, id: Uuid) -> bool {
     ctx.cooldown.as_ref().is_some_and(|c| c.is_cooled(id))
 }
 
+/// What one handler call produced.
+enum Applied {
+    Done,
+    Failed(ApplyError),
+    TimedOut,
+}
+
 async fn timed_apply(
+    ctx: &ApplyContext,
     perspective: &dyn Perspective,
     ev: &EventEnvelope,
     conn: &mut sqlx::PgConnection,
-) -> Result<(), ApplyError> {
+) -> Applied {
     let started = Instant::now();
-    let result = perspective.apply(ev, conn).await;
+    // A little later than the statement_timeout of SQL perspectives, so their statements end
+    // cleanly on the server (a savepoint can roll back) before the transaction is given up.
+    let deadline = ctx.apply_timeout + Duration::from_millis(250);
+    let result = tokio::time::timeout(deadline, perspective.apply(ev, conn)).await;
     metrics::histogram!(m::APPLY_DURATION_SECONDS, m::LABEL_PERSPECTIVE => ev.perspective_name.clone())
         .record(started.elapsed().as_secs_f64());
-    result
+    match result {
+        Ok(Ok(())) => Applied::Done,
+        Ok(Err(e)) => Applied::Failed(e),
+        Err(_) => Applied::TimedOut,
+    }
 }
 
-/// Applies one batch of typed events (all leased to us, ordered by stream, perspective,
-/// stream_version).
+/// Whether the database answers at all (on any connection of the pool, within a moment).
+async fn database_answers(store: &Store) -> bool {
+    matches!(
+        tokio::time::timeout(HEALTH_PROBE, store.ping()).await,
+        Ok(Ok(()))
+    )
+}
+
+/// A batch transaction and its server process, listed for shutdown while it runs.
+struct BatchTx {
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    guard: super::inflight::BackendGuard,
+}
+
+impl BatchTx {
+    async fn begin(ctx: &ApplyContext) -> Result<BatchTx, StoreError> {
+        let (tx, pid) = ctx.store.begin_batch(ctx.apply_timeout).await?;
+        Ok(BatchTx {
+            tx,
+            guard: ctx.inflight.register_backend(pid),
+        })
+    }
+
+    /// Gives the transaction up while its connection may still be running a statement: cancel
+    /// that statement on the server (so the rollback does not wait for it and its locks go),
+    /// then drop the transaction, which rolls it back.
+    async fn abandon(self, store: &Store) {
+        let pid = self.guard.pid();
+        match tokio::time::timeout(HEALTH_PROBE, store.cancel_backend(pid)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::debug!(%error, pid, "could not cancel a batch statement"),
+            Err(_) => tracing::debug!(pid, "cancelling a batch statement got no answer"),
+        }
+        drop(self.tx);
+    }
+}
+
+/// Applies one batch of typed events (all leased to us through `lease`, ordered by stream,
+/// perspective, stream_version). Every row of `events` is settled (completed, failed,
+/// dead-lettered or given back) when this returns Ok.
 pub async fn apply_batch(
     ctx: &ApplyContext,
+    lease: &mut LeasedBatch,
     events: Vec<EventEnvelope>,
 ) -> Result<BatchOutcome, ApplyBatchError> {
     let (lanes, unhandled) = lanes(ctx, events);
     let mut outcome = BatchOutcome::default();
     if !unhandled.is_empty() {
-        outcome.released += ctx
-            .store
-            .release_unstarted(ctx.instance, &unhandled)
-            .await? as usize;
+        outcome.released += lease.release(&unhandled).await? as usize;
     }
     if lanes.is_empty() {
         return Ok(outcome);
@@ -277,148 +366,182 @@ pub async fn apply_batch(
     // that update shared read-model rows (aggregates) in different orders deadlock, and a
     // deadlock costs PostgreSQL's deadlock_timeout to detect. After a conflict the batch (and
     // the next few) run one lane per transaction: short transactions rarely deadlock, and a
-    // lane that still conflicts is retried alone. Nobody is charged for a conflict.
+    // lane that still conflicts is retried alone, then charged.
     let small = ctx
         .small_transactions
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
         .is_ok();
     if !small {
-        match apply_both_passes(ctx, &lanes).await {
-            Err(ApplyBatchError::Conflict(reason)) => {
+        match run_lanes(ctx, lease, lanes.clone()).await {
+            Err(Abort::Conflict { reason, .. }) => {
                 ctx.small_transactions
                     .store(SMALL_TRANSACTION_BATCHES, Ordering::Relaxed);
                 tracing::debug!(%reason, "batch lost a lock conflict; applying it one lane per transaction");
             }
-            other => {
-                outcome.merge(other?);
+            Err(Abort::Batch(e)) => return Err(e),
+            Err(Abort::Poisoned { .. }) => unreachable!("run_lanes settles poisoned lanes"),
+            Ok(o) => {
+                outcome.merge(o);
                 return Ok(outcome);
             }
         }
     }
-    for lane in &lanes {
-        let mut round = 0u64;
-        loop {
-            round += 1;
-            match apply_both_passes(ctx, std::slice::from_ref(lane)).await {
-                Err(ApplyBatchError::Conflict(reason)) if round < CONFLICT_ROUNDS => {
-                    let jitter = (Uuid::new_v4().as_u128() % 20) as u64;
-                    let pause = Duration::from_millis(5 * round + jitter);
-                    tracing::debug!(round, ?pause, %reason, "lane lost a lock conflict; retrying it");
-                    tokio::time::sleep(pause).await;
-                }
-                Err(ApplyBatchError::Conflict(reason)) => {
-                    // Give it back uncharged; a later claim tries again.
-                    let ids: Vec<Uuid> = lane.events.iter().map(|e| e.event_work_id).collect();
-                    outcome.released +=
-                        ctx.store.release_unstarted(ctx.instance, &ids).await? as usize;
-                    tracing::warn!(rounds = round, %reason, "lane kept losing lock conflicts; gave it back for later");
-                    break;
-                }
-                other => {
-                    outcome.merge(other?);
-                    break;
-                }
-            }
+    for mut lane in lanes {
+        // A failed whole-batch pass may already have settled some rows (a lane charged on its
+        // own statement): only what is still ours is applied.
+        lane.events.retain(|e| lease.holds(e.event_work_id));
+        if !lane.events.is_empty() {
+            outcome.merge(run_lane_alone(ctx, lease, lane).await?);
         }
     }
     Ok(outcome)
 }
 
-/// How many times a lane is run before lock conflicts make us give it back.
-const CONFLICT_ROUNDS: u64 = 4;
-
-/// The optimistic pass, and the careful one if a handler failed.
-async fn apply_both_passes(
+/// One lane in its own transactions: retried on lock conflicts, then charged.
+async fn run_lane_alone(
     ctx: &ApplyContext,
-    lanes: &[Lane],
+    lease: &mut LeasedBatch,
+    lane: Lane,
 ) -> Result<BatchOutcome, ApplyBatchError> {
-    match apply_fast(ctx, lanes).await? {
-        Some(fast) => Ok(fast),
-        None => apply_careful(ctx, lanes).await,
-    }
-}
-
-/// Every event in one transaction, no savepoints. `None` = a handler failed (rolled back).
-async fn apply_fast(
-    ctx: &ApplyContext,
-    lanes: &[Lane],
-) -> Result<Option<BatchOutcome>, ApplyBatchError> {
-    let mut tx = ctx.store.pool().begin().await?;
-    let mut pass = Pass::default();
-    for lane in lanes {
-        for ev in &lane.events {
-            if is_cooled(ctx, ev.event_work_id) {
-                pass.cooled(ev);
-                continue;
+    let mut round = 0u64;
+    loop {
+        round += 1;
+        match run_lanes(ctx, lease, vec![lane.clone()]).await {
+            Ok(o) => return Ok(o),
+            Err(Abort::Batch(e)) => return Err(e),
+            Err(Abort::Poisoned { .. }) => unreachable!("run_lanes settles poisoned lanes"),
+            Err(Abort::Conflict { event, reason, .. }) if round < CONFLICT_ROUNDS => {
+                let at = event.unwrap_or(0);
+                lease
+                    .note_error(lane.events[at].event_work_id, &reason)
+                    .await;
+                let jitter = (Uuid::new_v4().as_u128() % 20) as u64;
+                let pause = Duration::from_millis(5 * round + jitter);
+                tracing::debug!(round, ?pause, %reason, "lane lost a lock conflict; retrying it");
+                tokio::time::sleep(pause).await;
             }
-            match timed_apply(lane.perspective.as_ref(), ev, &mut tx).await {
-                Ok(()) => pass.applied(ctx, lane.perspective.as_ref(), ev),
-                Err(ApplyError::Unavailable(reason)) => {
-                    pass.marks.forget(ctx);
-                    return Err(ApplyBatchError::Unavailable(reason));
-                }
-                Err(ApplyError::Conflict(reason)) => {
-                    pass.marks.forget(ctx);
-                    return Err(ApplyBatchError::Conflict(reason));
-                }
-                Err(_) => {
-                    // Dropping `tx` rolls back; the careful pass sorts the batch out.
-                    drop(tx);
-                    pass.marks.forget(ctx);
-                    return Ok(None);
-                }
+            Err(Abort::Conflict { event, reason, .. }) => {
+                // The same conflict every time is the row's own doing (or a statement that
+                // raises a conflict SQLSTATE): charge it, so it ends dead-lettered instead of
+                // blocking its lane for good.
+                tracing::warn!(rounds = round, %reason, "lane kept losing lock conflicts; charging the row that hit them");
+                let at = event.unwrap_or(0);
+                return settle_poisoned(ctx, lease, &lane, at, &reason).await;
             }
         }
     }
-    finish(ctx, tx, pass).await.map(Some)
 }
 
-/// Completes the pass's rows in the transaction and commits; a lost lease rolls everything back.
-async fn finish(
+/// The optimistic pass, then careful passes until every lane is settled. Lanes whose event took
+/// a transaction down are settled on their own and the careful pass runs again without them.
+async fn run_lanes(
     ctx: &ApplyContext,
-    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
-    pass: Pass,
+    lease: &mut LeasedBatch,
+    mut lanes: Vec<Lane>,
+) -> Result<BatchOutcome, Abort> {
+    if let Some(fast) = apply_fast(ctx, lease, &lanes).await? {
+        return Ok(fast);
+    }
+    let mut outcome = BatchOutcome::default();
+    loop {
+        match apply_careful(ctx, lease, &lanes).await {
+            Ok(o) => {
+                outcome.merge(o);
+                return Ok(outcome);
+            }
+            Err(Abort::Poisoned { lane, event, error }) => {
+                let poisoned = lanes.remove(lane);
+                outcome.merge(
+                    settle_poisoned(ctx, lease, &poisoned, event, &error)
+                        .await
+                        .map_err(Abort::Batch)?,
+                );
+                // The events before it are still ours and still to apply: keep them.
+                if event > 0 {
+                    lanes.insert(
+                        lane,
+                        Lane {
+                            perspective: Arc::clone(&poisoned.perspective),
+                            events: poisoned.events[..event].to_vec(),
+                        },
+                    );
+                }
+                if lanes.is_empty() {
+                    return Ok(outcome);
+                }
+            }
+            Err(other) => return Err(other),
+        }
+    }
+}
+
+/// Charges the event at `at` of `lane` on its own statement and gives back the rows behind it.
+async fn settle_poisoned(
+    ctx: &ApplyContext,
+    lease: &mut LeasedBatch,
+    lane: &Lane,
+    at: usize,
+    error: &str,
 ) -> Result<BatchOutcome, ApplyBatchError> {
-    let completed = match complete_in(&mut tx, ctx.instance, &pass.done).await {
-        Ok(n) => n,
-        Err(e) => return Err(pass.abandon(ctx, e)),
-    };
-    if completed as usize != pass.done.len() {
-        // Some row was taken over by another instance: our writes must not commit, or its new
-        // owner would apply them a second time.
-        drop(tx);
-        let Pass {
-            marks,
-            done,
-            outcome,
-            ..
-        } = pass;
-        marks.forget(ctx);
-        let released = ctx.store.release_unstarted(ctx.instance, &done).await? as usize;
-        tracing::warn!(
-            expected = done.len(),
-            still_ours = completed,
-            "lost the lease of rows in flight; rolled the batch back and gave back the rest"
-        );
-        return Ok(BatchOutcome {
-            released: outcome.released + released,
-            lease_lost: true,
-            ..BatchOutcome::default()
-        });
+    let ev = &lane.events[at];
+    let failures = u32::try_from(ev.failures).unwrap_or(0).saturating_add(1);
+    let delay = retry_delay(failures, ctx.backoff_base, ctx.backoff_max);
+    let mut outcome = BatchOutcome::default();
+    if lease.fail_now(ev.event_work_id, error, delay).await? {
+        outcome.failed += 1;
     }
-    if let Err(e) = tx.commit().await {
-        return Err(pass.abandon(ctx, e));
-    }
-    pass.tally.publish();
-    Ok(pass.outcome)
+    let behind: Vec<Uuid> = lane.events[at + 1..]
+        .iter()
+        .map(|e| e.event_work_id)
+        .collect();
+    outcome.released += lease.release(&behind).await? as usize;
+    Ok(outcome)
 }
 
-/// One savepoint per event: charge only failing rows, dead-letter permanent failures.
-async fn apply_careful(
+/// What a failed handler call means for the pass, once the database has been asked.
+enum Verdict {
+    /// Charge the row (retryable), in this transaction.
+    Charge(String),
+    /// Dead-letter the row (permanent), in this transaction.
+    Permanent(String),
+    /// A lock conflict: retry the transaction, uncharged (for a while).
+    Conflict(String),
+    /// The statement broke the transaction or its connection: charge it on its own.
+    Poisoned(String),
+    /// The database is gone: give everything back, charge nobody.
+    Unavailable(String),
+}
+
+async fn judge(ctx: &ApplyContext, failure: Applied) -> Verdict {
+    match failure {
+        Applied::Done => unreachable!("judge is only called for failures"),
+        Applied::TimedOut => Verdict::Poisoned(format!(
+            "apply timed out after {} (worker.apply_timeout)",
+            humantime::format_duration(ctx.apply_timeout)
+        )),
+        Applied::Failed(ApplyError::Retryable(m)) => Verdict::Charge(m),
+        Applied::Failed(ApplyError::Permanent(m)) => Verdict::Permanent(m),
+        Applied::Failed(ApplyError::Conflict(m)) => Verdict::Conflict(m),
+        Applied::Failed(ApplyError::Unavailable(m)) => {
+            if database_answers(&ctx.store).await {
+                // The database is fine: the statement failed by itself (it raised a connection
+                // SQLSTATE, or killed its own backend).
+                Verdict::Poisoned(m)
+            } else {
+                Verdict::Unavailable(m)
+            }
+        }
+    }
+}
+
+/// Every event in one transaction, no savepoints. `None` = a handler failed (rolled back; the
+/// careful pass sorts the batch out).
+async fn apply_fast(
     ctx: &ApplyContext,
+    lease: &mut LeasedBatch,
     lanes: &[Lane],
-) -> Result<BatchOutcome, ApplyBatchError> {
-    let mut tx = ctx.store.pool().begin().await?;
+) -> Result<Option<BatchOutcome>, Abort> {
+    let mut btx = BatchTx::begin(ctx).await?;
     let mut pass = Pass::default();
     for lane in lanes {
         for (i, ev) in lane.events.iter().enumerate() {
@@ -426,106 +549,229 @@ async fn apply_careful(
                 pass.cooled(ev);
                 continue;
             }
-            let mut savepoint = match tx.begin().await {
-                Ok(sp) => sp,
-                Err(e) => return Err(pass.abandon(ctx, e)),
-            };
-            let result = timed_apply(lane.perspective.as_ref(), ev, &mut savepoint).await;
-            let settled = match &result {
-                Ok(()) => savepoint.commit().await,
-                Err(_) => savepoint.rollback().await,
-            };
-            if let Err(e) = settled {
-                return Err(pass.abandon(ctx, e));
-            }
-            match result {
-                Ok(()) => pass.applied(ctx, lane.perspective.as_ref(), ev),
-                Err(ApplyError::Unavailable(reason)) => {
-                    return Err(pass.abandon(ctx, ApplyBatchError::Unavailable(reason)));
+            lease.mark_started(ev.event_work_id);
+            match timed_apply(ctx, lane.perspective.as_ref(), ev, &mut btx.tx).await {
+                Applied::Done => pass.applied(ctx, lane.perspective.as_ref(), ev),
+                Applied::Failed(ApplyError::Conflict(reason)) => {
+                    pass.marks.forget(ctx);
+                    drop(btx);
+                    return Err(Abort::Conflict {
+                        event: Some(i),
+                        reason,
+                    });
                 }
-                Err(ApplyError::Conflict(reason)) => {
-                    return Err(pass.abandon(ctx, ApplyBatchError::Conflict(reason)));
+                Applied::TimedOut => {
+                    pass.marks.forget(ctx);
+                    btx.abandon(&ctx.store).await;
+                    return Ok(None);
                 }
-                Err(ApplyError::Permanent(error)) => {
-                    let moved = move_to_dead_letters_in(
-                        &mut *tx,
-                        ev.event_work_id,
-                        FAILURE_PERMANENT,
-                        &error,
-                        Some(ctx.instance),
-                    )
-                    .await;
-                    match moved {
-                        Ok(MoveOutcome::Moved(dead_letter_id)) => {
-                            log_permanent(ctx, ev, &error, dead_letter_id);
-                            pass.outcome.dead_lettered += 1;
-                        }
-                        Ok(MoveOutcome::AlreadyGone) => {}
-                        Err(e) => return Err(pass.abandon(ctx, e)),
-                    }
-                }
-                Err(ApplyError::Retryable(error)) => {
-                    let failures = u32::try_from(ev.failures).unwrap_or(0).saturating_add(1);
-                    let delay = retry_delay(failures, ctx.backoff_base, ctx.backoff_max);
-                    let recorded =
-                        record_failure_in(&mut *tx, ctx.instance, ev.event_work_id, &error, delay)
-                            .await;
-                    if let Err(e) = recorded {
-                        return Err(pass.abandon(ctx, e));
-                    }
-                    tracing::info!(
-                        perspective = %ev.perspective_name,
-                        stream_id = %ev.stream_id,
-                        event_id = %ev.event_id,
-                        global_position = ev.global_position,
-                        attempts = ev.attempts,
-                        failures,
-                        retry_in = ?delay,
-                        %error,
-                        "apply failed; the event is parked and will be retried"
-                    );
-                    *pass
-                        .tally
-                        .failures
-                        .entry(ev.perspective_name.clone())
-                        .or_default() += 1;
-                    pass.outcome.failed += 1;
-                    // The rows behind it wait, uncharged.
-                    let behind: Vec<Uuid> = lane.events[i + 1..]
-                        .iter()
-                        .map(|e| e.event_work_id)
-                        .collect();
-                    match release_unstarted_in(&mut *tx, ctx.instance, &behind).await {
-                        Ok(n) => pass.outcome.released += n as usize,
-                        Err(e) => return Err(pass.abandon(ctx, e)),
-                    }
-                    break;
+                Applied::Failed(_) => {
+                    pass.marks.forget(ctx);
+                    drop(btx);
+                    return Ok(None);
                 }
             }
         }
     }
-    let result = finish(ctx, tx, pass).await?;
-    if !result.lease_lost && result.released > 0 {
-        metrics::counter!(m::LEASES_RELEASED_TOTAL).increment(result.released as u64);
-    }
-    Ok(result)
+    finish(ctx, lease, btx, pass, lanes).await.map(Some)
 }
 
-fn log_permanent(ctx: &ApplyContext, ev: &EventEnvelope, error: &str, dead_letter_id: Uuid) {
-    tracing::warn!(
-        perspective = %ev.perspective_name,
-        stream_id = %ev.stream_id,
-        event_id = %ev.event_id,
-        global_position = ev.global_position,
-        attempts = ev.attempts,
-        max_attempts = ?ctx.max_attempts,
-        reason = FAILURE_PERMANENT,
-        %dead_letter_id,
-        %error,
-        "event dead-lettered: its handler reported a permanent failure"
-    );
-    metrics::counter!(m::DEAD_LETTER_MOVES_TOTAL,
-        m::LABEL_PERSPECTIVE => ev.perspective_name.clone(),
-        m::LABEL_REASON => FAILURE_PERMANENT)
-    .increment(1);
+/// Completes the pass's rows in the transaction and commits, then reports its changes. A lost
+/// lease rolls everything back; what the pass decided is then redone on its own statements.
+async fn finish(
+    ctx: &ApplyContext,
+    lease: &mut LeasedBatch,
+    mut btx: BatchTx,
+    pass: Pass,
+    lanes: &[Lane],
+) -> Result<BatchOutcome, Abort> {
+    let Pass {
+        marks,
+        tally,
+        done,
+        mut staged,
+        outcome,
+    } = pass;
+    let all_ours = match lease.complete_in(&mut btx.tx, &mut staged, &done).await {
+        Ok(all) => all,
+        Err(e) => {
+            marks.forget(ctx);
+            return Err(conflict_or_batch(e));
+        }
+    };
+    if !all_ours {
+        // Some row was taken over by another instance: our writes must not commit, or its new
+        // owner would apply them a second time.
+        drop(btx);
+        marks.forget(ctx);
+        let rows: Vec<Uuid> = lanes.iter().flat_map(Lane::ids).collect();
+        tracing::warn!(
+            rows = rows.len(),
+            "lost the lease of rows in flight; rolled the batch back, recording its failures and giving back the rest"
+        );
+        let before = lease.held();
+        lease.redo_after_rollback(staged, &rows).await?;
+        return Ok(BatchOutcome {
+            released: before - lease.held(),
+            lease_lost: true,
+            ..BatchOutcome::default()
+        });
+    }
+    if let Err(e) = btx.tx.commit().await {
+        marks.forget(ctx);
+        return Err(conflict_or_batch(StoreError::Database(e)));
+    }
+    lease.committed(staged);
+    tally.publish();
+    Ok(outcome)
+}
+
+/// A failure at completion or commit: a lock conflict is retried like a handler's.
+fn conflict_or_batch(e: StoreError) -> Abort {
+    if let StoreError::Database(db) = &e {
+        if crate::perspective::is_conflict(db) {
+            return Abort::Conflict {
+                event: None,
+                reason: db.to_string(),
+            };
+        }
+    }
+    if let StoreError::Conflict(reason) = &e {
+        return Abort::Conflict {
+            event: None,
+            reason: reason.clone(),
+        };
+    }
+    Abort::Batch(ApplyBatchError::Store(e))
+}
+
+/// One savepoint per event: charge only failing rows, dead-letter permanent failures.
+async fn apply_careful(
+    ctx: &ApplyContext,
+    lease: &mut LeasedBatch,
+    lanes: &[Lane],
+) -> Result<BatchOutcome, Abort> {
+    let mut btx = BatchTx::begin(ctx).await?;
+    let mut pass = Pass::default();
+    for (li, lane) in lanes.iter().enumerate() {
+        for (i, ev) in lane.events.iter().enumerate() {
+            if is_cooled(ctx, ev.event_work_id) {
+                pass.cooled(ev);
+                continue;
+            }
+            let mut savepoint = match btx.tx.begin().await {
+                Ok(sp) => sp,
+                Err(e) => {
+                    pass.marks.forget(ctx);
+                    return Err(e.into());
+                }
+            };
+            lease.mark_started(ev.event_work_id);
+            let result = timed_apply(ctx, lane.perspective.as_ref(), ev, &mut savepoint).await;
+            let failure = match result {
+                Applied::Done => match savepoint.commit().await {
+                    Ok(()) => {
+                        pass.applied(ctx, lane.perspective.as_ref(), ev);
+                        continue;
+                    }
+                    Err(e) => {
+                        pass.marks.forget(ctx);
+                        return Err(e.into());
+                    }
+                },
+                Applied::TimedOut => {
+                    // The connection may still be running the handler's statement.
+                    drop(savepoint);
+                    pass.marks.forget(ctx);
+                    btx.abandon(&ctx.store).await;
+                    let Verdict::Poisoned(error) = judge(ctx, Applied::TimedOut).await else {
+                        unreachable!("a timeout is always charged on its own")
+                    };
+                    return Err(Abort::Poisoned {
+                        lane: li,
+                        event: i,
+                        error,
+                    });
+                }
+                failed => failed,
+            };
+            let rolled_back = savepoint.rollback().await.is_ok();
+            let verdict = match judge(ctx, failure).await {
+                // A statement that left the transaction usable is charged in it.
+                Verdict::Poisoned(m) if rolled_back => Verdict::Charge(m),
+                v => v,
+            };
+            match verdict {
+                Verdict::Charge(error) => {
+                    let failures = u32::try_from(ev.failures).unwrap_or(0).saturating_add(1);
+                    let delay = retry_delay(failures, ctx.backoff_base, ctx.backoff_max);
+                    let behind: Vec<Uuid> = lane.events[i + 1..]
+                        .iter()
+                        .map(|e| e.event_work_id)
+                        .collect();
+                    let staged = async {
+                        lease
+                            .fail_in(
+                                &mut btx.tx,
+                                &mut pass.staged,
+                                ev.event_work_id,
+                                &error,
+                                delay,
+                            )
+                            .await?;
+                        lease
+                            .release_in(&mut btx.tx, &mut pass.staged, &behind)
+                            .await
+                    }
+                    .await;
+                    if let Err(e) = staged {
+                        pass.marks.forget(ctx);
+                        return Err(conflict_or_batch(e));
+                    }
+                    pass.outcome.failed += 1;
+                    pass.outcome.released += behind.len();
+                    break;
+                }
+                Verdict::Permanent(error) => {
+                    let moved = lease
+                        .dead_letter_in(
+                            &mut btx.tx,
+                            &mut pass.staged,
+                            ev.event_work_id,
+                            FAILURE_PERMANENT,
+                            &error,
+                        )
+                        .await;
+                    if let Err(e) = moved {
+                        pass.marks.forget(ctx);
+                        return Err(conflict_or_batch(e));
+                    }
+                    pass.outcome.dead_lettered += 1;
+                }
+                Verdict::Conflict(reason) => {
+                    pass.marks.forget(ctx);
+                    drop(btx);
+                    return Err(Abort::Conflict {
+                        event: Some(i),
+                        reason,
+                    });
+                }
+                Verdict::Poisoned(error) => {
+                    pass.marks.forget(ctx);
+                    btx.abandon(&ctx.store).await;
+                    return Err(Abort::Poisoned {
+                        lane: li,
+                        event: i,
+                        error,
+                    });
+                }
+                Verdict::Unavailable(reason) => {
+                    pass.marks.forget(ctx);
+                    drop(btx);
+                    return Err(Abort::Batch(ApplyBatchError::Unavailable(reason)));
+                }
+            }
+        }
+    }
+    finish(ctx, lease, btx, pass, lanes).await
 }

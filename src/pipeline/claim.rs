@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::inflight::{InFlight, Reservation};
+use super::lease::give_back_heads;
 use crate::store::{InstanceId, Store, StoreError, WorkRow};
 use crate::telemetry::metrics as m;
 
@@ -27,7 +28,7 @@ pub struct ClaimLimits {
 pub struct ClaimedBatch {
     /// Rows leased to us, ordered by stream, perspective, stream_version.
     pub rows: Vec<WorkRow>,
-    /// Holds the streams (and tracks the rows for lease renewal) until dropped.
+    /// Holds the streams until dropped; the lease handle tracks the rows in it for renewal.
     pub reservation: Reservation,
 }
 
@@ -58,7 +59,7 @@ pub async fn claim_batch(
             streams.push(h.stream_id);
         }
     }
-    let (mut reservation, taken) = inflight.reserve(&streams);
+    let (reservation, taken) = inflight.reserve(&streams);
     drop(claim_guard);
 
     let rows = if reservation.streams().is_empty() {
@@ -78,12 +79,11 @@ pub async fn claim_batch(
             Err(e) => {
                 // Give the heads back rather than let them sit leased until expiry.
                 let ids: Vec<Uuid> = heads.iter().map(|h| h.event_work_id).collect();
-                let _ = store.release_unstarted(instance, &ids).await;
+                let _ = give_back_heads(store, instance, &ids).await;
                 return Err(e);
             }
         }
     };
-    reservation.track_rows(&rows.iter().map(|r| r.event_work_id).collect::<Vec<_>>());
 
     // Heads we hold but will not work on now: another loop has their stream, or the fetch
     // window (batch_size) left them out.
@@ -96,10 +96,7 @@ pub async fn claim_batch(
         .filter(|h| taken.contains(&h.stream_id) || !fetched.contains(&h.event_work_id))
         .map(|h| h.event_work_id)
         .collect();
-    if !giveback.is_empty() {
-        let released = store.release_unstarted(instance, &giveback).await?;
-        metrics::counter!(m::LEASES_RELEASED_TOTAL).increment(released);
-    }
+    give_back_heads(store, instance, &giveback).await?;
 
     metrics::histogram!(m::CLAIM_DURATION_SECONDS).record(started.elapsed().as_secs_f64());
     let mut claimed: BTreeMap<&str, (u64, u64)> = BTreeMap::new();

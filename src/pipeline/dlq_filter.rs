@@ -14,33 +14,33 @@
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use crate::store::{InstanceId, MoveOutcome, Store, StoreError, WorkRow, FAILURE_MAX_ATTEMPTS};
+use super::lease::LeasedBatch;
+use crate::store::{MoveOutcome, StoreError, WorkRow, FAILURE_MAX_ATTEMPTS};
 use crate::telemetry::metrics as m;
 
-/// Where dead letters go. The PostgreSQL [`Store`] is the one real implementation; the trait
-/// lets in-memory hosts run the same pipeline with no dead-letter store at all.
+/// Where dead letters go. The lease handle ([`LeasedBatch`]) is the one real implementation (it
+/// logs and counts each move once, after it is durable); the trait lets in-memory hosts run the
+/// same pipeline with no dead-letter store, and unit tests script outcomes.
 #[async_trait]
-pub trait DeadLetterSink: Send + Sync {
-    /// Moves one work row (atomic, idempotent).
+pub trait DeadLetterSink: Send {
+    /// Moves one leased work row (atomic, idempotent).
     async fn move_to_dead_letters(
-        &self,
+        &mut self,
         work_id: Uuid,
         reason: &str,
         error_text: &str,
-        instance: Option<InstanceId>,
     ) -> Result<MoveOutcome, StoreError>;
 }
 
 #[async_trait]
-impl DeadLetterSink for Store {
+impl DeadLetterSink for LeasedBatch {
     async fn move_to_dead_letters(
-        &self,
+        &mut self,
         work_id: Uuid,
         reason: &str,
         error_text: &str,
-        instance: Option<InstanceId>,
     ) -> Result<MoveOutcome, StoreError> {
-        Store::move_to_dead_letters(self, work_id, reason, error_text, instance).await
+        self.dead_letter_now(work_id, reason, error_text).await
     }
 }
 
@@ -70,8 +70,7 @@ pub struct FilterOutcome {
 pub async fn filter_dead_lettered(
     rows: Vec<WorkRow>,
     max_attempts: Option<u32>,
-    sink: Option<&dyn DeadLetterSink>,
-    instance: InstanceId,
+    sink: Option<&mut dyn DeadLetterSink>,
 ) -> FilterOutcome {
     let (Some(max), Some(sink)) = (max_attempts, sink) else {
         return FilterOutcome {
@@ -89,34 +88,12 @@ pub async fn filter_dead_lettered(
             "claimed {} times, more than max_perspective_event_attempts = {max}",
             row.attempts
         );
+        // The sink (the lease handle) logs and counts a move once it is durable.
         match sink
-            .move_to_dead_letters(
-                row.event_work_id,
-                FAILURE_MAX_ATTEMPTS,
-                &error_text,
-                Some(instance),
-            )
+            .move_to_dead_letters(row.event_work_id, FAILURE_MAX_ATTEMPTS, &error_text)
             .await
         {
-            Ok(MoveOutcome::Moved(dead_letter_id)) => {
-                tracing::warn!(
-                    perspective = %row.perspective_name,
-                    stream_id = %row.stream_id,
-                    event_id = %row.event_id,
-                    global_position = row.global_position,
-                    attempts = row.attempts,
-                    max_attempts = max,
-                    reason = FAILURE_MAX_ATTEMPTS,
-                    %dead_letter_id,
-                    "event dead-lettered: claimed {} times, more than the maximum of {max}",
-                    row.attempts
-                );
-                metrics::counter!(m::DEAD_LETTER_MOVES_TOTAL,
-                    m::LABEL_PERSPECTIVE => row.perspective_name.clone(),
-                    m::LABEL_REASON => FAILURE_MAX_ATTEMPTS)
-                .increment(1);
-                outcome.moved += 1;
-            }
+            Ok(MoveOutcome::Moved(_)) => outcome.moved += 1,
             Ok(MoveOutcome::AlreadyGone) => outcome.already_gone += 1,
             Err(error) => {
                 tracing::error!(
@@ -154,11 +131,10 @@ mod tests {
     #[async_trait]
     impl DeadLetterSink for Sink {
         async fn move_to_dead_letters(
-            &self,
+            &mut self,
             work_id: Uuid,
             reason: &str,
             _error_text: &str,
-            _instance: Option<InstanceId>,
         ) -> Result<MoveOutcome, StoreError> {
             if self.broken.contains(&work_id) {
                 return Err(StoreError::Conflict("dead-letter table is broken".into()));
@@ -201,10 +177,10 @@ mod tests {
 
     #[tokio::test]
     async fn moves_only_rows_over_the_limit_and_keeps_order() {
-        let sink = Sink::default();
+        let mut sink = Sink::default();
         let rows = vec![row(1), row(11), row(10), row(12)];
         let ids: Vec<Uuid> = rows.iter().map(|r| r.event_work_id).collect();
-        let out = filter_dead_lettered(rows, Some(10), Some(&sink), InstanceId::new()).await;
+        let out = filter_dead_lettered(rows, Some(10), Some(&mut sink)).await;
         let kept: Vec<Uuid> = out.survivors.iter().map(|r| r.event_work_id).collect();
         assert_eq!(kept, vec![ids[0], ids[2]]);
         assert_eq!(out.moved, 2);
@@ -216,11 +192,11 @@ mod tests {
     #[tokio::test]
     async fn already_gone_is_dropped_silently() {
         let r = row(11);
-        let sink = Sink {
+        let mut sink = Sink {
             gone: vec![r.event_work_id],
             ..Sink::default()
         };
-        let out = filter_dead_lettered(vec![r], Some(10), Some(&sink), InstanceId::new()).await;
+        let out = filter_dead_lettered(vec![r], Some(10), Some(&mut sink)).await;
         assert!(out.survivors.is_empty());
         assert_eq!((out.moved, out.already_gone, out.move_errors), (0, 1, 0));
     }
@@ -229,11 +205,11 @@ mod tests {
     async fn failed_move_keeps_the_row_in_the_apply_set() {
         let r = row(11);
         let id = r.event_work_id;
-        let sink = Sink {
+        let mut sink = Sink {
             broken: vec![id],
             ..Sink::default()
         };
-        let out = filter_dead_lettered(vec![r], Some(10), Some(&sink), InstanceId::new()).await;
+        let out = filter_dead_lettered(vec![r], Some(10), Some(&mut sink)).await;
         assert_eq!(out.survivors.len(), 1);
         assert_eq!(out.survivors[0].event_work_id, id);
         assert_eq!(out.move_errors, 1);
@@ -241,10 +217,10 @@ mod tests {
 
     #[tokio::test]
     async fn off_or_no_store_passes_everything_through() {
-        let sink = Sink::default();
-        let out = filter_dead_lettered(vec![row(1000)], None, Some(&sink), InstanceId::new()).await;
+        let mut sink = Sink::default();
+        let out = filter_dead_lettered(vec![row(1000)], None, Some(&mut sink)).await;
         assert_eq!(out.survivors.len(), 1);
-        let out = filter_dead_lettered(vec![row(1000)], Some(10), None, InstanceId::new()).await;
+        let out = filter_dead_lettered(vec![row(1000)], Some(10), None).await;
         assert_eq!(out.survivors.len(), 1);
         assert!(sink.moved.lock().unwrap().is_empty());
     }

@@ -20,6 +20,11 @@ pub struct InFlight {
 struct Inner {
     streams: HashSet<Uuid>,
     rows: HashSet<Uuid>,
+    /// Rows a handler has seen under their current lease (given back without a refund).
+    started: HashSet<Uuid>,
+    /// Server processes running a batch transaction right now (cancelled at an abandoned
+    /// shutdown so their transactions roll back and release their locks).
+    backends: HashSet<i32>,
 }
 
 impl InFlight {
@@ -69,6 +74,31 @@ impl InFlight {
         self.lock().rows.iter().copied().collect()
     }
 
+    /// Rows in flight that a handler has seen.
+    pub fn started_rows(&self) -> Vec<Uuid> {
+        let inner = self.lock();
+        inner
+            .started
+            .iter()
+            .filter(|r| inner.rows.contains(r))
+            .copied()
+            .collect()
+    }
+
+    /// Registers the server process of a batch transaction until the guard is dropped.
+    pub fn register_backend(self: &Arc<Self>, pid: i32) -> BackendGuard {
+        self.lock().backends.insert(pid);
+        BackendGuard {
+            owner: Arc::clone(self),
+            pid,
+        }
+    }
+
+    /// Server processes of batch transactions running now.
+    pub fn backends(&self) -> Vec<i32> {
+        self.lock().backends.iter().copied().collect()
+    }
+
     /// Number of streams reserved.
     pub fn streams_reserved(&self) -> usize {
         self.lock().streams.len()
@@ -97,6 +127,38 @@ impl Reservation {
         drop(inner);
         self.rows.extend_from_slice(rows);
     }
+
+    /// A row is done with (completed, failed, dead-lettered or given back): no more renewal.
+    pub fn untrack(&mut self, row: &Uuid) {
+        let mut inner = self.owner.lock();
+        inner.rows.remove(row);
+        inner.started.remove(row);
+    }
+
+    /// A handler is about to see this row.
+    pub fn mark_started(&mut self, row: Uuid) {
+        self.owner.lock().started.insert(row);
+    }
+}
+
+/// Keeps a batch's server process listed in [`InFlight::backends`] while it runs.
+#[derive(Debug)]
+pub struct BackendGuard {
+    owner: Arc<InFlight>,
+    pid: i32,
+}
+
+impl BackendGuard {
+    /// The server process id.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+}
+
+impl Drop for BackendGuard {
+    fn drop(&mut self) {
+        self.owner.lock().backends.remove(&self.pid);
+    }
 }
 
 impl Drop for Reservation {
@@ -107,6 +169,7 @@ impl Drop for Reservation {
         }
         for r in &self.rows {
             inner.rows.remove(r);
+            inner.started.remove(r);
         }
     }
 }

@@ -16,10 +16,11 @@ pub mod cooldown;
 pub mod dlq_filter;
 pub mod envelope;
 pub mod inflight;
+pub mod lease;
 
 use std::sync::Arc;
 
-use uuid::Uuid;
+use tokio_util::sync::CancellationToken;
 
 pub use envelope::EventEnvelope;
 
@@ -27,8 +28,8 @@ use self::apply::{ApplyBatchError, ApplyContext, BatchOutcome};
 use self::claim::{ClaimLimits, ClaimedBatch};
 use self::dlq_filter::DeadLetterSink;
 use self::inflight::InFlight;
+use self::lease::LeasedBatch;
 use crate::store::{MoveOutcome, StoreError, FAILURE_PERMANENT};
-use crate::telemetry::metrics as m;
 
 /// What one pass of the pipeline did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -43,8 +44,7 @@ pub struct DrainOutcome {
     pub batch: BatchOutcome,
 }
 
-/// Why a pass failed; its rows were given back with a refund (or will lapse if the database
-/// is gone).
+/// Why a pass failed; its rows were given back (or will lapse if the database is gone).
 #[derive(Debug, thiserror::Error)]
 pub enum DrainError {
     /// The claim failed.
@@ -65,8 +65,6 @@ impl DrainError {
             DrainError::Claim(e) | DrainError::DeadLetter(e) => e.is_connection_error(),
             DrainError::Apply(ApplyBatchError::Store(e)) => e.is_connection_error(),
             DrainError::Apply(ApplyBatchError::Unavailable(_)) => true,
-            // Lock conflicts are transient too; nobody was charged.
-            DrainError::Apply(ApplyBatchError::Conflict(_)) => true,
         }
     }
 }
@@ -89,16 +87,29 @@ pub struct Pipeline {
 impl Pipeline {
     /// One pass: claim → DLQ filter → envelope → (cooldown, apply, complete).
     pub async fn drain_once(&self) -> Result<DrainOutcome, DrainError> {
+        self.drain_once_unless(&CancellationToken::new()).await
+    }
+
+    /// One pass, except that `stop` abandons the claim stage (a claim waiting on a database
+    /// that does not answer is no work in flight). Once rows are claimed, the pass finishes.
+    pub async fn drain_once_unless(
+        &self,
+        stop: &CancellationToken,
+    ) -> Result<DrainOutcome, DrainError> {
         let ctx = &self.ctx;
-        let ClaimedBatch { rows, reservation } = claim::claim_batch(
+        let claim = claim::claim_batch(
             &ctx.store,
             ctx.instance,
             &self.perspectives,
             &self.limits,
             &self.inflight,
-        )
-        .await
-        .map_err(DrainError::Claim)?;
+        );
+        let claimed = tokio::select! {
+            biased;
+            _ = stop.cancelled() => return Ok(DrainOutcome::default()),
+            claimed = claim => claimed,
+        };
+        let ClaimedBatch { rows, reservation } = claimed.map_err(DrainError::Claim)?;
         let mut outcome = DrainOutcome {
             claimed: rows.len(),
             ..DrainOutcome::default()
@@ -106,54 +117,36 @@ impl Pipeline {
         if rows.is_empty() {
             return Ok(outcome);
         }
-        let all_ids: Vec<Uuid> = rows.iter().map(|r| r.event_work_id).collect();
+        let mut lease = LeasedBatch::new(
+            ctx.store.clone(),
+            ctx.instance,
+            ctx.max_attempts,
+            &rows,
+            reservation,
+        );
 
-        let sink: Option<&dyn DeadLetterSink> = if self.dead_letters_enabled {
-            Some(&ctx.store)
+        let sink: Option<&mut dyn DeadLetterSink> = if self.dead_letters_enabled {
+            Some(&mut lease)
         } else {
             None
         };
-        let filtered =
-            dlq_filter::filter_dead_lettered(rows, ctx.max_attempts, sink, ctx.instance).await;
+        let filtered = dlq_filter::filter_dead_lettered(rows, ctx.max_attempts, sink).await;
         outcome.dead_lettered_max_attempts = filtered.moved;
 
         let mut envelopes = Vec::with_capacity(filtered.survivors.len());
         for row in filtered.survivors {
-            let (work_id, perspective, stream_id, event_id, global_position, attempts) = (
-                row.event_work_id,
-                row.perspective_name.clone(),
-                row.stream_id,
-                row.event_id,
-                row.global_position,
-                row.attempts,
-            );
+            let work_id = row.event_work_id;
             match EventEnvelope::from_row(row) {
                 Ok(envelope) => envelopes.push(envelope),
                 Err(error) => {
-                    let error = error.to_string();
-                    match ctx
-                        .store
-                        .move_to_dead_letters(
-                            work_id,
-                            FAILURE_PERMANENT,
-                            &error,
-                            Some(ctx.instance),
-                        )
+                    match lease
+                        .dead_letter_now(work_id, FAILURE_PERMANENT, &error.to_string())
                         .await
                     {
-                        Ok(MoveOutcome::Moved(dead_letter_id)) => {
-                            tracing::warn!(perspective = %perspective, %stream_id, %event_id, global_position, attempts,
-                                max_attempts = ?ctx.max_attempts, reason = FAILURE_PERMANENT,
-                                %dead_letter_id, %error, "event dead-lettered: it cannot be read");
-                            metrics::counter!(m::DEAD_LETTER_MOVES_TOTAL,
-                                m::LABEL_PERSPECTIVE => perspective,
-                                m::LABEL_REASON => FAILURE_PERMANENT)
-                            .increment(1);
-                            outcome.dead_lettered_unreadable += 1;
-                        }
+                        Ok(MoveOutcome::Moved(_)) => outcome.dead_lettered_unreadable += 1,
                         Ok(MoveOutcome::AlreadyGone) => {}
                         Err(e) => {
-                            self.give_back(&all_ids).await;
+                            lease.release_all().await;
                             return Err(DrainError::DeadLetter(e));
                         }
                     }
@@ -161,33 +154,10 @@ impl Pipeline {
             }
         }
 
-        match apply::apply_batch(ctx, envelopes).await {
-            Ok(batch) => {
-                outcome.batch = batch;
-                drop(reservation);
-                Ok(outcome)
-            }
-            Err(e) => {
-                self.give_back(&all_ids).await;
-                drop(reservation);
-                Err(e.into())
-            }
-        }
-    }
-
-    /// Best effort: rows we still hold after a failed pass go back with a refund (if the
-    /// database is gone, their leases lapse and we re-lease them ourselves without a bump).
-    async fn give_back(&self, ids: &[Uuid]) {
-        match self
-            .ctx
-            .store
-            .release_unstarted(self.ctx.instance, ids)
-            .await
-        {
-            Ok(n) => metrics::counter!(m::LEASES_RELEASED_TOTAL).increment(n),
-            Err(e) => {
-                tracing::debug!(error = %e, "could not give rows back; their leases will lapse")
-            }
-        }
+        let result = apply::apply_batch(ctx, &mut lease, envelopes).await;
+        // Whatever is still ours (nothing, unless the batch failed as a whole) goes back.
+        lease.release_all().await;
+        outcome.batch = result?;
+        Ok(outcome)
     }
 }
