@@ -291,8 +291,9 @@ pub struct PerspectiveSettings {
     pub name: String,
     /// `events`: the subscribed event types; `"*"` = every type.
     pub events: Vec<String>,
-    /// `[perspectives.sql]`: event type → statement. Every listed event has one (unless
-    /// `events` contains `"*"`) and no statement names an unlisted type.
+    /// `[perspectives.sql]`: event type → statement. Every listed event has one, and no
+    /// statement names an unlisted type; with `events` containing `"*"`, statements may name
+    /// any type and the `"*"` statement, required, runs for the types without their own.
     pub sql: BTreeMap<String, String>,
     /// `reset`: optional statement run by `vantage perspectives rebuild`.
     pub reset: Option<String>,
@@ -1142,6 +1143,28 @@ fn validate(s: &Settings, origins: &Origins) -> Result<(), ConfigError> {
             });
         }
     }
+    validate_perspective_statements(&s.perspectives)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Perspective statements
+
+/// What can be refused about SQL perspective statements without a database (the rules are the
+/// SQL perspective's own, [`SqlPerspective::check`](crate::perspective::SqlPerspective::check)):
+/// a subscribed type with no statement to run (`"*"` needs a `"*"` statement), a parameter
+/// beyond `$7` (or any in `reset`), a statement that ends or controls the transaction. The
+/// daemon checks again after preparing, with PostgreSQL's own parameter count.
+fn validate_perspective_statements(
+    perspectives: &[PerspectiveSettings],
+) -> Result<(), ConfigError> {
+    for (i, p) in perspectives.iter().enumerate() {
+        crate::perspective::SqlPerspective::from_settings(p)
+            .check()
+            .map_err(|e| ConfigError::Invalid {
+                key: format!("perspectives[{i}].{}", e.key),
+                message: e.to_string(),
+            })?;
+    }
     Ok(())
 }
 
@@ -1517,6 +1540,8 @@ mod tests {
             [[perspectives]]
             name = "audit"
             events = ["*"]
+            [perspectives.sql]
+            "*" = "INSERT INTO audit_log (event_id, event_type) VALUES ($3, $4)"
             "#,
         )
         .unwrap();
@@ -1528,7 +1553,7 @@ mod tests {
         assert!(p.sql["OrderPlaced"].starts_with("INSERT"));
         assert!(p.sql["OrderShipped"].starts_with("UPDATE"));
         assert_eq!(s.perspectives[1].events, ["*"]);
-        assert!(s.perspectives[1].sql.is_empty());
+        assert_eq!(s.perspectives[1].sql.keys().collect::<Vec<_>>(), ["*"]);
     }
 
     #[test]
@@ -1815,11 +1840,66 @@ mod tests {
         assert!(e.contains("perspectives[0].events"), "{e}");
         let e = err(&format!("{base}events = \"A\""));
         assert!(e.contains("perspectives[0].events = \"A\""), "{e}");
-        // With "*", statements for any type are fine and none is required.
+        // With "*", statements for any type are fine, and the "*" catch-all is required: an
+        // event without a statement would be completed without running anything.
         assert!(Settings::from_toml_str(&format!(
-            "{base}events = [\"*\"]\n[perspectives.sql]\nAnything = \"select 1\""
+            "{base}events = [\"*\"]\n[perspectives.sql]\nAnything = \"select 1\"\n\"*\" = \"select 2\""
         ))
         .is_ok());
+        for toml in [
+            format!("{base}events = [\"*\"]"),
+            format!("{base}events = [\"*\"]\n[perspectives.sql]\nAnything = \"select 1\""),
+        ] {
+            assert_eq!(
+                err(&toml),
+                "invalid configuration: perspectives[0].sql: perspective 'p', event type '*': it \
+                 subscribes to every event type but has no \"*\" statement, so events without a \
+                 statement of their own would be completed without running anything (add the \
+                 catch-all \"*\" = \"...\" to its [perspectives.sql])",
+                "{toml}"
+            );
+        }
+        // A "*" statement without the "*" subscription names an unlisted type.
+        let e = err(&format!(
+            "{base}events = [\"A\"]\n[perspectives.sql]\nA = \"select 1\"\n\"*\" = \"select 2\""
+        ));
+        assert!(
+            e.contains("perspectives[0].sql.*") && e.contains("not listed"),
+            "{e}"
+        );
+        // Statements that can never run are refused before any database is involved.
+        let cases = [
+            ("A = \"select $8\"", "perspectives[0].sql.A: perspective 'p', event type 'A': the statement uses parameter $8, but only $1 to $7 are bound"),
+            ("A = \"select '$8', $7 -- $9\"", ""),
+            ("A = \" /* done */ COMMIT\"", "perspectives[0].sql.A: perspective 'p', event type 'A': the statement starts with COMMIT, which ends or controls the transaction"),
+            ("A = \"rollback\"", "perspectives[0].sql.A: perspective 'p', event type 'A': the statement starts with ROLLBACK"),
+        ];
+        for (sql, want) in cases {
+            let toml = format!("{base}events = [\"A\"]\n[perspectives.sql]\n{sql}");
+            if want.is_empty() {
+                assert!(Settings::from_toml_str(&toml).is_ok(), "{toml}");
+            } else {
+                let e = err(&toml);
+                assert!(
+                    e.starts_with(&format!("invalid configuration: {want}")),
+                    "{toml}: {e}"
+                );
+            }
+        }
+        let e = err(&format!(
+            "{base}events = [\"A\"]\nreset = \"delete from t where id = $1\"\n[perspectives.sql]\nA = \"select 1\""
+        ));
+        assert!(
+            e.starts_with("invalid configuration: perspectives[0].reset: perspective 'p', reset statement: the statement uses parameter $1, but reset runs with no parameters bound"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{base}events = [\"A\"]\nreset = \"COMMIT\"\n[perspectives.sql]\nA = \"select 1\""
+        ));
+        assert!(
+            e.contains("perspectives[0].reset") && e.contains("COMMIT"),
+            "{e}"
+        );
         // Event types keep their case and may contain dots.
         let s = Settings::from_toml_str(&format!(
             "{base}events = [\"Orders.Placed\"]\n[perspectives.sql]\n\"Orders.Placed\" = \"select 1\""

@@ -13,9 +13,16 @@ pub enum RegistryError {
     /// Two perspectives share a name.
     #[error("perspective '{0}' is defined twice")]
     Duplicate(String),
-    /// A SQL statement does not prepare.
-    #[error(transparent)]
-    Statement(#[from] SqlPerspectiveError),
+    /// A SQL perspective's statement is refused: it does not prepare, needs unbound
+    /// parameters, controls the transaction, or a subscribed type has none. The message names
+    /// the key, as configuration errors do.
+    #[error("invalid configuration: perspectives[{index}].{}: {problem}", .problem.key)]
+    Statement {
+        /// The perspective's position in `[[perspectives]]`.
+        index: usize,
+        /// What is wrong, with the perspective and event type.
+        problem: SqlPerspectiveError,
+    },
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -89,14 +96,18 @@ impl PerspectiveRegistry {
     }
 }
 
-/// Prepares the statements of SQL perspectives from configuration on one connection.
+/// Checks and prepares the statements of SQL perspectives from configuration on one
+/// connection ([`SqlPerspective::prepare`]): run at start-up before anything is registered.
 pub async fn prepare_sql_perspectives(
     store: &Store,
     settings: &[PerspectiveSettings],
 ) -> Result<(), RegistryError> {
     let mut conn = store.pool().acquire().await.map_err(StoreError::from)?;
-    for s in settings {
-        SqlPerspective::from_settings(s).prepare(&mut conn).await?;
+    for (index, s) in settings.iter().enumerate() {
+        SqlPerspective::from_settings(s)
+            .prepare(&mut conn)
+            .await
+            .map_err(|problem| RegistryError::Statement { index, problem })?;
     }
     Ok(())
 }

@@ -20,7 +20,9 @@ use vantage::store::{
 use crate::common;
 
 /// The configuration every test uses: two SQL perspectives. `audit` inserts a row per apply
-/// (no idempotence), so double applies are visible.
+/// (no idempotence), so double applies are visible. It is registered for `*` (see
+/// [`Env::with_extra_config`]) but configured for `OrderPlaced` only, so its `OrderShipped` work
+/// has no statement here (a subscription to `*` would need a `"*"` statement).
 const PERSPECTIVES_TOML: &str = r#"
 [[perspectives]]
 name = "order_summary"
@@ -32,7 +34,7 @@ OrderShipped = "UPDATE public.order_summary SET status = 'shipped' WHERE order_i
 
 [[perspectives]]
 name = "audit"
-events = ["*"]
+events = ["OrderPlaced"]
 [perspectives.sql]
 OrderPlaced = "INSERT INTO public.audit_log (event_id, global_position) VALUES ($3, $5)"
 "#;
