@@ -179,6 +179,7 @@ Hang = "SELECT pg_sleep(600)"
     )
     .await;
     let took = shutdown_within(daemon, Duration::from_secs(20)).await;
+    eprintln!("hung statement: shutdown took {took:?} with a 1 s grace");
     assert!(
         took < Duration::from_secs(1) + Duration::from_secs(6),
         "shutdown took {took:?} with a 1 s grace"
@@ -363,6 +364,9 @@ async fn backoff_is_measured_from_the_failure_not_from_the_batch_start() {
     .await
     .unwrap();
     shutdown_within(daemon, Duration::from_secs(15)).await;
+    eprintln!(
+        "backoff: a 3 s backoff recorded 1.5 s into its transaction has {remaining:.2} s left"
+    );
     assert!(
         remaining > 2.2,
         "a 3 s backoff recorded just now has {remaining:.2} s left: it was counted from the start of the batch"
@@ -425,6 +429,7 @@ async fn statements_that_fail_with_transient_looking_sqlstates_are_charged_and_d
         "consumers = 2\nlease = \"10s\"\nmax_perspective_event_attempts = 2\nretry_backoff_base = \"10ms\"\nretry_backoff_max = \"50ms\"\nshutdown_grace = \"2s\"",
         &perspectives,
     );
+    let started = Instant::now();
     let daemon = DaemonBuilder::new(s)
         .store(env.store.clone())
         .without_http()
@@ -445,6 +450,10 @@ async fn statements_that_fail_with_transient_looking_sqlstates_are_charged_and_d
         Duration::from_secs(90),
     )
     .await;
+    eprintln!(
+        "transient-looking SQLSTATEs: 12 poison rows dead-lettered (max 2 attempts) and 12 healthy applied in {:?}",
+        started.elapsed()
+    );
     shutdown_within(daemon, Duration::from_secs(15)).await;
     let missing_error = scalar_i64(
         &env,
@@ -708,6 +717,7 @@ E = "INSERT INTO gone_applied (stream_id) VALUES ($2)"
     proxy.cut.cancel();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let took = shutdown_within(daemon, Duration::from_secs(60)).await;
+    eprintln!("database gone: shutdown took {took:?} with a 20 s grace and no batch in flight");
     assert!(
         took < Duration::from_secs(8),
         "shutdown with the database gone took {took:?} (grace 20 s, no batch in flight)"
