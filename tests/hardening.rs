@@ -714,6 +714,17 @@ E = "INSERT INTO gone_applied (stream_id) VALUES ($2)"
         Duration::from_secs(30),
     )
     .await;
+    // The daemon's connections are named after its instance (issue #7: operators tell its
+    // sessions apart in pg_stat_activity).
+    let named: Vec<String> = sqlx::query_scalar(
+        "SELECT application_name FROM pg_stat_activity \
+         WHERE datname = current_database() AND application_name LIKE 'vantage %'",
+    )
+    .fetch_all(env.store.pool())
+    .await
+    .unwrap();
+    let want = format!("vantage {}", daemon.instance_id());
+    assert!(named.contains(&want), "{want} not in {named:?}");
     proxy.cut.cancel();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let took = shutdown_within(daemon, Duration::from_secs(60)).await;
