@@ -22,7 +22,7 @@ use uuid::Uuid;
 
 use super::output::{self, Failure, Ui};
 use super::{exit, GlobalArgs};
-use crate::store::{append_events_in, NewEvent, StoreError};
+use crate::store::{append_events_json_in, stored_event_ids_in, NewEvent, StoreError};
 
 /// Options of `vantage append`.
 #[derive(Debug, Clone, Args)]
@@ -53,7 +53,22 @@ struct Line {
     stream_id: Uuid,
     expected_version: Option<i32>,
     event: NewEvent,
+    /// `data` and `metadata` as written: what is stored (numbers exactly, never through f64).
+    raw_data: String,
+    raw_metadata: Option<String>,
 }
+
+/// `data` and `metadata` of a line, as written.
+#[derive(serde::Deserialize)]
+struct RawFields<'a> {
+    #[serde(borrow, default)]
+    data: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default)]
+    metadata: Option<&'a serde_json::value::RawValue>,
+}
+
+/// Why a line cannot be stored at all; PostgreSQL would refuse the whole input for it.
+const NUL: &str = "contains \\u0000 (NUL), which PostgreSQL's jsonb cannot store";
 
 /// Runs `vantage append`. Exit 0; 2 for malformed input, a version conflict, or a database
 /// error (nothing written); 78 for invalid configuration.
@@ -96,9 +111,9 @@ pub async fn run(global: &GlobalArgs, args: AppendArgs) -> i32 {
     ui.finish(result)
 }
 
-async fn read_input(args: &AppendArgs) -> Result<String, Failure> {
+async fn read_input(args: &AppendArgs) -> Result<Vec<u8>, Failure> {
     match &args.file {
-        Some(path) => tokio::fs::read_to_string(path)
+        Some(path) => tokio::fs::read(path)
             .await
             .map_err(|e| Failure::usage(format!("cannot read {}: {e}", path.display()))),
         None => {
@@ -111,22 +126,31 @@ async fn read_input(args: &AppendArgs) -> Result<String, Failure> {
     }
 }
 
-async fn read_stdin() -> Result<String, Failure> {
+async fn read_stdin() -> Result<Vec<u8>, Failure> {
     tokio::task::spawn_blocking(|| {
-        let mut s = String::new();
-        std::io::stdin().read_to_string(&mut s).map(|_| s)
+        let mut s = Vec::new();
+        std::io::stdin().read_to_end(&mut s).map(|_| s)
     })
     .await
     .map_err(|e| Failure::usage(format!("cannot read stdin: {e}")))?
     .map_err(|e| Failure::usage(format!("cannot read stdin: {e}")))
 }
 
-/// Parses and checks every line; the first problem is `line N: …`.
-fn parse(input: &str) -> Result<Vec<Line>, String> {
+/// Parses and checks every line; the first problem is `line N: …`. A UTF-8 byte order mark at
+/// the start of the input is skipped (editors on some systems write one).
+fn parse(input: &[u8]) -> Result<Vec<Line>, String> {
+    let input = input.strip_prefix(b"\xef\xbb\xbf").unwrap_or(input);
     let mut lines = Vec::new();
     let mut event_ids: HashMap<Uuid, usize> = HashMap::new();
-    for (i, text) in input.lines().enumerate() {
+    for (i, bytes) in input.split(|b| *b == b'\n').enumerate() {
         let number = i + 1;
+        let bytes = bytes.strip_suffix(b"\r").unwrap_or(bytes);
+        let text = std::str::from_utf8(bytes).map_err(|e| {
+            format!(
+                "line {number}: not valid UTF-8 (at byte {})",
+                e.valid_up_to()
+            )
+        })?;
         if text.trim().is_empty() {
             continue;
         }
@@ -157,8 +181,19 @@ fn parse_line(number: usize, text: &str) -> Result<Line, String> {
     let stream_id =
         uuid_field(&obj, "stream_id")?.ok_or_else(|| "missing \"stream_id\"".to_owned())?;
     let event_type = match obj.get("event_type") {
-        Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
-        Some(Value::String(_)) => return Err("\"event_type\" is empty".to_owned()),
+        Some(Value::String(s)) if s.trim().is_empty() => {
+            return Err("\"event_type\" is empty".to_owned())
+        }
+        // Types are matched exactly: " A " would be stored and then match nothing.
+        Some(Value::String(s)) if s.trim() != s => {
+            return Err(format!(
+                "\"event_type\" {s:?} has leading or trailing white space; event types are matched exactly"
+            ))
+        }
+        Some(Value::String(s)) if s.contains('\0') => {
+            return Err(format!("\"event_type\" {NUL}"))
+        }
+        Some(Value::String(s)) => s.clone(),
         Some(other) => {
             return Err(format!(
                 "\"event_type\" must be a string, not {}",
@@ -192,6 +227,20 @@ fn parse_line(number: usize, text: &str) -> Result<Line, String> {
         ),
     };
     let event_id = uuid_field(&obj, "event_id")?;
+    if has_nul(&data) {
+        return Err(format!("\"data\" {NUL}"));
+    }
+    if metadata.as_ref().is_some_and(has_nul) {
+        return Err(format!("\"metadata\" {NUL}"));
+    }
+    // The same line again, keeping data and metadata as written (the parse above checked it).
+    let raw: RawFields<'_> =
+        serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+    let raw_data = raw.data.map_or("null", |r| r.get()).to_owned();
+    let raw_metadata = metadata
+        .as_ref()
+        .and(raw.metadata)
+        .map(|r| r.get().to_owned());
     Ok(Line {
         number,
         stream_id,
@@ -202,7 +251,44 @@ fn parse_line(number: usize, text: &str) -> Result<Line, String> {
             metadata,
             event_id,
         },
+        raw_data,
+        raw_metadata,
     })
+}
+
+/// Whether a NUL character is anywhere in `v` (strings or keys).
+fn has_nul(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(a) => a.iter().any(has_nul),
+        Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+        _ => false,
+    }
+}
+
+/// The `p_events` array of `append_events` for a run of lines, as JSON text with data and
+/// metadata exactly as written.
+fn events_json(group: &[Line]) -> String {
+    let mut out = String::from("[");
+    for (i, line) in group.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let event_type = Value::String(line.event.event_type.clone()).to_string();
+        out.push_str(&format!(
+            "{{\"event_type\":{event_type},\"data\":{}",
+            line.raw_data
+        ));
+        if let Some(metadata) = &line.raw_metadata {
+            out.push_str(&format!(",\"metadata\":{metadata}"));
+        }
+        if let Some(id) = line.event.event_id {
+            out.push_str(&format!(",\"event_id\":\"{id}\""));
+        }
+        out.push('}');
+    }
+    out.push(']');
+    out
 }
 
 fn uuid_field(obj: &Map<String, Value>, key: &str) -> Result<Option<Uuid>, String> {
@@ -253,11 +339,33 @@ async fn append(
 ) -> Result<Vec<crate::store::AppendedEvent>, Failure> {
     let db = |e: StoreError| output::store_failure(&e);
     let mut tx = store.pool().begin().await.map_err(|e| db(e.into()))?;
+    // An event id already stored would fail the insert with the constraint's raw text.
+    let ids: Vec<Uuid> = lines.iter().filter_map(|l| l.event.event_id).collect();
+    let stored = stored_event_ids_in(&mut tx, &ids).await.map_err(db)?;
+    if let Some(line) = lines.iter().find_map(|l| {
+        let id = l.event.event_id?;
+        stored
+            .iter()
+            .find(|(s, _)| *s == id)
+            .map(|(_, p)| (l, id, *p))
+    }) {
+        let (line, id, position) = line;
+        return Err(Failure::usage(format!(
+            "line {}: event_id {id} is already in the event store (global position {position}). Nothing was written.",
+            line.number
+        )));
+    }
     let mut appended = Vec::with_capacity(lines.len());
     for group in groups(lines) {
         let first = &group[0];
-        let events: Vec<NewEvent> = group.iter().map(|l| l.event.clone()).collect();
-        match append_events_in(&mut tx, first.stream_id, first.expected_version, &events).await {
+        match append_events_json_in(
+            &mut tx,
+            first.stream_id,
+            first.expected_version,
+            &events_json(group),
+        )
+        .await
+        {
             Ok(rows) => appended.extend(rows),
             Err(e) => {
                 // Dropping the transaction rolls it back; say so only once it has.
@@ -293,7 +401,7 @@ mod tests {
     const S2: &str = "6f1c1a8e-5f4e-4c59-9d59-0d3b8f1c2a02";
 
     fn err(input: &str) -> String {
-        parse(input).unwrap_err()
+        parse(input.as_bytes()).unwrap_err()
     }
 
     #[test]
@@ -302,7 +410,7 @@ mod tests {
             "{{\"stream_id\":\"{S1}\",\"event_type\":\"A\",\"data\":{{\"x\":1}}}}\n\n  \n\
              {{\"stream_id\":\"{S1}\",\"event_type\":\"B\",\"data\":null,\"metadata\":{{\"m\":1}},\"expected_version\":1}}\n"
         );
-        let lines = parse(&input).unwrap();
+        let lines = parse(input.as_bytes()).unwrap();
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[0].number, 1);
         assert_eq!(lines[1].number, 4);
@@ -362,6 +470,8 @@ mod tests {
             stream_id: Uuid::parse_str(s).unwrap(),
             expected_version: ev,
             event: NewEvent::new("A", json!(1)),
+            raw_data: "1".into(),
+            raw_metadata: None,
         };
         let lines = vec![
             line(1, S1, Some(0)),

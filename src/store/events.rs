@@ -217,3 +217,41 @@ pub async fn requeue_history_batch_in(
     .map_err(map_db_error)?;
     Ok((row.0 as u64, row.1))
 }
+
+/// Appends events given as the JSON text of `append_events`' array
+/// (`[{event_type, data, metadata?, event_id?}]`) inside the caller's transaction. The text goes
+/// to PostgreSQL as written, so numbers reach jsonb exactly (no round trip through f64).
+pub async fn append_events_json_in(
+    conn: &mut sqlx::PgConnection,
+    stream_id: Uuid,
+    expected_version: Option<i32>,
+    events_json: &str,
+) -> Result<Vec<AppendedEvent>, StoreError> {
+    sqlx::query_as(
+        "SELECT global_position, event_id, stream_version FROM append_events($1, $2, $3::jsonb)",
+    )
+    .bind(stream_id)
+    .bind(expected_version)
+    .bind(events_json)
+    .fetch_all(conn)
+    .await
+    .map_err(map_db_error)
+}
+
+/// Which of `event_ids` are already in the event store, with their global positions.
+pub async fn stored_event_ids_in(
+    conn: &mut sqlx::PgConnection,
+    event_ids: &[Uuid],
+) -> Result<Vec<(Uuid, i64)>, StoreError> {
+    if event_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    sqlx::query_as(
+        "SELECT event_id, global_position FROM wh_event_store WHERE event_id = ANY ($1) \
+         ORDER BY global_position",
+    )
+    .bind(event_ids)
+    .fetch_all(conn)
+    .await
+    .map_err(map_db_error)
+}

@@ -19,8 +19,8 @@ pub use dead_letters::{
     MoveOutcome, FAILURE_MAX_ATTEMPTS, FAILURE_PERMANENT, SOURCE_TABLE,
 };
 pub use events::{
-    append_events_in, requeue_history_batch_in, AppendedEvent, NewEvent, PerspectiveRecord,
-    StoredEvent,
+    append_events_in, append_events_json_in, requeue_history_batch_in, stored_event_ids_in,
+    AppendedEvent, NewEvent, PerspectiveRecord, StoredEvent,
 };
 pub use instances::{InstanceInfo, LiveInstance};
 pub use status::{PerspectiveStatus, StoreGauges};
