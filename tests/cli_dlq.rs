@@ -921,7 +921,10 @@ async fn replay_and_requeue_refuse_an_event_that_is_already_queued() {
     );
     assert_eq!(
         run.stderr,
-        "1 of 2 dead-lettered event(s) were already queued for the daemon: requeuing them would apply them twice. They were skipped.\n"
+        "2 dead-lettered event(s) to requeue:\n  \
+         position 2 of 'order_summary' (MaxAttemptsExceeded)\n  \
+         position 4 of 'order_summary' (PermanentFailure)\n\
+         1 of 2 dead-lettered event(s) were already queued for the daemon: requeuing them would apply them twice. They were skipped.\n"
     );
     assert_eq!(env.status_of("order_summary", 2).await, "requeued");
     assert_eq!(env.status_of("order_summary", 4).await, "exhausted");
