@@ -369,3 +369,28 @@ async fn an_interrupted_rebuild_changes_nothing_and_pauses_nothing() {
     );
     daemon.shutdown().await.unwrap();
 }
+
+/// A second rebuild of a perspective while one runs (holds the rebuild lock) is refused with
+/// exit 2 and changes nothing; once the first is done, a rebuild runs.
+#[tokio::test]
+async fn a_second_rebuild_of_a_perspective_is_refused_while_one_runs() {
+    let env = env().await;
+    let s = Uuid::new_v4();
+    env.append(s, 2).await;
+    let mut first = env.store.pool().acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(wh_perspective_lock_key('ledger'))")
+        .execute(&mut *first)
+        .await
+        .unwrap();
+    finished(env.start_rebuild()).await.expect_error(
+        "Perspective 'ledger' is already being rebuilt by another command. Nothing was changed.",
+    );
+    assert_eq!(env.count(DRAINED).await, 2, "nothing re-queued or reset");
+
+    sqlx::query("SELECT pg_advisory_unlock(wh_perspective_lock_key('ledger'))")
+        .execute(&mut *first)
+        .await
+        .unwrap();
+    let run = finished(env.start_rebuild()).await;
+    assert_eq!(run.code, 0, "{run:#?}");
+}

@@ -1,12 +1,31 @@
 //! `vantage perspectives`: the registry, and rebuilding a perspective's read model.
 //!
-//! A rebuild runs the perspective's `reset` statement and then re-queues every historical event
-//! of its types, all in ONE transaction: an interrupted rebuild changes nothing, and the daemon
-//! never sees the read model reset without its events queued again. With a `TRUNCATE` reset the
-//! daemon's concurrent applies wait for the rebuild to commit, so each event lands exactly once
-//! (a `DELETE`-based reset does not take that lock: stop the daemon first, or use TRUNCATE).
-//! Re-queueing skips events already queued for the perspective (`ON CONFLICT DO NOTHING`) and
-//! events with an open dead letter (the operator decides those).
+//! A rebuild runs the perspective's `reset` statement and re-queues every historical event of
+//! its (registered) types, and is safe on a running daemon:
+//!
+//! 1. It takes the perspective's rebuild lock: a session-level advisory lock on
+//!    `wh_perspective_lock_key(name)`, held on one dedicated connection for the whole run.
+//!    From then on the daemons' claims skip the perspective (its new events wait, queued,
+//!    nothing charged), and dead-letter moves, requeues and replays of it refuse with SQLSTATE
+//!    55P03 (the daemon retries a move later; `vantage dlq` says the perspective is being
+//!    rebuilt, exit 2). Claims, moves and replays already running hold the lock shared, so the
+//!    rebuild waits for them (quietly for a moment, then saying so, at most `worker.lease`).
+//!    Nothing is persisted: if the command dies, the server ends its session and the lock goes
+//!    with it, so a crashed rebuild pauses nothing. A second rebuild of the same perspective is
+//!    refused while one runs.
+//! 2. It waits, at most `worker.lease`, until no row of the perspective is validly leased to a
+//!    live instance: the applies in flight finish.
+//! 3. In ONE transaction (an interrupted rebuild changes nothing): it takes back every lease of
+//!    the perspective that is left (lapsed, held by a dead instance, or a straggler's after the
+//!    wait: their completion then matches nothing and rolls back, so no apply commits behind the
+//!    reset's back), runs `reset`, then re-queues every stored event of its types up to the end
+//!    of the store, skipping events already queued (`ON CONFLICT DO NOTHING`) and events with an
+//!    open dead letter (the operator decides those), and commits. Lock waits inside it are
+//!    bounded by `worker.lease` (`lock_timeout`).
+//! 4. It releases the lock, and only then do claims see the perspective again: every lane is
+//!    whole (re-queued history plus the events that arrived meanwhile), so events are applied in
+//!    stream order, each exactly once after the reset, with a `DELETE`-based reset as with
+//!    `TRUNCATE`.
 
 use std::time::{Duration, Instant};
 
@@ -24,6 +43,8 @@ use crate::store::{requeue_history_batch_in, Store, StoreError};
 const REBUILD_BATCH: i64 = 10_000;
 /// How often a rebuild looks whether the applies in flight have finished.
 const IN_FLIGHT_POLL: Duration = Duration::from_millis(100);
+/// How long a rebuild waits for its lock before it says that it is waiting.
+const QUIET_LOCK_WAIT: Duration = Duration::from_millis(500);
 
 /// `vantage perspectives` subcommands.
 #[derive(Debug, Clone, Subcommand)]
@@ -230,7 +251,7 @@ async fn rebuild_locked(
             "Perspective '{name}' is already being rebuilt by another command. Nothing was changed."
         )),
         RebuildError::Busy(waited) => Failure::usage(format!(
-            "Rebuild of '{name}' failed: a claim, dead-letter move or replay of it was still running after {}. Nothing was changed.",
+            "Rebuild of '{name}' failed: the perspective was still busy after {} (a claim, dead-letter move, replay or another rebuild of it in progress). Nothing was changed.",
             humantime::format_duration(waited)
         )),
         RebuildError::Failed(e) => Failure::usage(format!(
@@ -245,25 +266,9 @@ async fn rebuild_locked(
         .map_err(|e| failure(e.into()))?;
 
     // (a) The lock. A held session lock dies with the session: nothing to clean up after a crash.
-    let locked = match Store::try_lock_for_rebuild(&mut conn, &name).await {
-        Ok(true) => Ok(()),
-        Ok(false) => match store.perspective_is_rebuilding(&name).await {
-            Ok(true) => Err(RebuildError::AlreadyRunning),
-            Ok(false) => {
-                ui.note(format!(
-                    "Waiting for claims, dead-letter moves and replays of '{name}' in progress to finish..."
-                ));
-                match Store::lock_for_rebuild(&mut conn, &name, lease).await {
-                    Ok(true) => Ok(()),
-                    Ok(false) => Err(RebuildError::Busy(lease)),
-                    Err(e) => Err(e.into()),
-                }
-            }
-            Err(e) => Err(e.into()),
-        },
-        Err(e) => Err(e.into()),
-    };
-    if let Err(e) = locked {
+    if let Err(e) = lock(ui, store, &mut conn, &name, lease).await {
+        // Whatever happened, this session must not go back to the pool holding the lock.
+        let _ = conn.close().await;
         return Err(failure(e));
     }
 
@@ -282,6 +287,39 @@ async fn rebuild_locked(
         let _ = store.notify_work().await;
     }
     result.map_err(failure)
+}
+
+/// (a) of [`rebuild_locked`]. Claims hold the lock shared for the length of one statement, so
+/// a running daemon makes it busy now and then: wait quietly for a moment, then say so and wait
+/// up to `lease` (a queued exclusive request already turns new claims, moves, requeues and
+/// replays of the perspective away; only those in progress are waited for).
+async fn lock(
+    ui: &Ui,
+    store: &Store,
+    conn: &mut PgConnection,
+    name: &str,
+    lease: Duration,
+) -> Result<(), RebuildError> {
+    if Store::try_lock_for_rebuild(conn, name).await? {
+        return Ok(());
+    }
+    if store.perspective_is_rebuilding(name).await? {
+        return Err(RebuildError::AlreadyRunning);
+    }
+    if Store::lock_for_rebuild(conn, name, QUIET_LOCK_WAIT).await? {
+        return Ok(());
+    }
+    if store.perspective_is_rebuilding(name).await? {
+        return Err(RebuildError::AlreadyRunning);
+    }
+    ui.note(format!(
+        "Waiting for claims, dead-letter moves and replays of '{name}' in progress to finish..."
+    ));
+    if Store::lock_for_rebuild(conn, name, lease).await? {
+        Ok(())
+    } else {
+        Err(RebuildError::Busy(lease))
+    }
 }
 
 /// (b) and (c) of [`rebuild_locked`]. Returns (queued, the approximate total).
