@@ -2009,14 +2009,30 @@ async fn rebuild_lock_stops_claims_moves_and_requeues_of_its_perspective() -> Te
     };
     assert_eq!(sqlstate(e).as_deref(), Some("55P03"), "{e}");
     assert!(e.to_string().contains("being rebuilt"), "{e}");
+    let mut replay = store.pool().begin().await?;
+    let resolved = vantage::store::resolve_dead_letter_in(&mut replay, dl, "ops").await;
+    let Err(StoreError::Database(e)) = &resolved else {
+        panic!("a replay's resolution must raise while P1 is rebuilt: {resolved:?}");
+    };
+    assert_eq!(sqlstate(e).as_deref(), Some("55P03"), "{e}");
+    drop(replay);
     assert_eq!(all_work(store).await?, before);
     assert_eq!(store.dead_letter(dl).await?.unwrap().status, "exhausted");
     assert_eq!(history_kinds(store, dl).await?, vec!["Exhausted"]);
+    let rebuilding = |name: &'static str| async move {
+        sqlx::query_scalar::<_, bool>("SELECT wh_perspective_is_rebuilding($1)")
+            .bind(name)
+            .fetch_one(store.pool())
+            .await
+    };
+    assert!(rebuilding("P1").await?);
+    assert!(!rebuilding("P2").await?);
 
     sqlx::query("SELECT pg_advisory_unlock($1)")
         .bind(key)
         .execute(&mut *rebuild)
         .await?;
+    assert!(!rebuilding("P1").await?);
     let fetched = claim_streams(store, a, &[s]).await?;
     assert_eq!(fetched.len(), 4, "P1 is claimable again: {fetched:?}");
 

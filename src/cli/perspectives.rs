@@ -41,8 +41,9 @@ use crate::store::{requeue_history_batch_in, Store, StoreError};
 
 /// Events re-queued per round trip of a rebuild.
 const REBUILD_BATCH: i64 = 10_000;
-/// How often a rebuild looks whether the applies in flight have finished.
-const IN_FLIGHT_POLL: Duration = Duration::from_millis(100);
+/// How often a rebuild looks whether the applies in flight have finished (each look counts the
+/// perspective's leased rows: no index covers lease columns, by design).
+const IN_FLIGHT_POLL: Duration = Duration::from_millis(250);
 /// How long a rebuild waits for its lock before it says that it is waiting.
 const QUIET_LOCK_WAIT: Duration = Duration::from_millis(500);
 
