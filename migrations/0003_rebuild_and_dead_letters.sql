@@ -70,6 +70,8 @@ $$;
 -- Claims: skip a perspective being rebuilt
 ------------------------------------------------------------------------------------------------
 
+-- The 0002 function (see its comment there), verbatim but for the perspective-name selection:
+-- a perspective whose rebuild lock is held exclusively is skipped, nothing of it leased.
 CREATE OR REPLACE FUNCTION claim_orphaned_perspective_events(
     p_instance_id uuid,
     p_lease_seconds int,
@@ -202,6 +204,9 @@ BEGIN
 END
 $$;
 
+-- The 0002 function (see its comment there), verbatim but for the perspective-name selection:
+-- rows of a perspective whose rebuild lock is held exclusively are neither claimed nor returned
+-- (the daemon gives back the lane heads it acquired just before, with a refund).
 CREATE OR REPLACE FUNCTION get_stream_events(
     p_instance_id uuid,
     p_stream_ids uuid[],

@@ -222,6 +222,23 @@ enum RebuildError {
     Failed(String),
 }
 
+impl RebuildError {
+    fn into_failure(self, name: &str) -> Failure {
+        Failure::usage(match self {
+            RebuildError::AlreadyRunning => format!(
+                "Perspective '{name}' is already being rebuilt by another command. Nothing was changed."
+            ),
+            RebuildError::Busy(waited) => format!(
+                "Rebuild of '{name}' failed: the perspective was still busy after {} (a claim, dead-letter move, replay or another rebuild of it in progress). Nothing was changed.",
+                humantime::format_duration(waited)
+            ),
+            RebuildError::Failed(e) => {
+                format!("Rebuild of '{name}' failed: {e}. Nothing was changed.")
+            }
+        })
+    }
+}
+
 impl From<StoreError> for RebuildError {
     fn from(e: StoreError) -> Self {
         RebuildError::Failed(e.to_string())
@@ -246,20 +263,7 @@ async fn rebuild_locked(
     confirmed: &Confirmed,
 ) -> Result<(u64, i64), Failure> {
     let name = handler.name().to_string();
-    let failure = |e: RebuildError| {
-        match e {
-        RebuildError::AlreadyRunning => Failure::usage(format!(
-            "Perspective '{name}' is already being rebuilt by another command. Nothing was changed."
-        )),
-        RebuildError::Busy(waited) => Failure::usage(format!(
-            "Rebuild of '{name}' failed: the perspective was still busy after {} (a claim, dead-letter move, replay or another rebuild of it in progress). Nothing was changed.",
-            humantime::format_duration(waited)
-        )),
-        RebuildError::Failed(e) => Failure::usage(format!(
-            "Rebuild of '{name}' failed: {e}. Nothing was changed."
-        )),
-    }
-    };
+    let failure = |e: RebuildError| e.into_failure(&name);
     let mut conn = store
         .pool()
         .acquire()
