@@ -394,3 +394,35 @@ async fn a_second_rebuild_of_a_perspective_is_refused_while_one_runs() {
     let run = finished(env.start_rebuild()).await;
     assert_eq!(run.code, 0, "{run:#?}");
 }
+
+/// A rebuild never waits without bound inside its transaction: a reset stuck behind another
+/// session's lock gives up after `worker.lease` (here 1 s), exit 2, nothing changed, the lock
+/// released.
+#[tokio::test]
+async fn a_rebuild_stuck_behind_a_lock_gives_up_after_the_lease_and_changes_nothing() {
+    let env = env().await;
+    std::fs::write(
+        &env.config,
+        env.toml.replace("lease = \"10s\"", "lease = \"1s\""),
+    )
+    .unwrap();
+    let s = Uuid::new_v4();
+    env.append(s, 2).await;
+    let reset_gate = env.lock_gate("reset_gate").await;
+    let run = finished(env.start_rebuild()).await;
+    assert_eq!((run.code, run.stdout.as_str()), (2, ""), "{run:#?}");
+    assert!(
+        run.stderr
+            .starts_with("Rebuild of 'ledger' failed: the reset statement failed: ")
+            && run.stderr.contains("lock timeout")
+            && run.stderr.ends_with(". Nothing was changed.\n"),
+        "{run:#?}"
+    );
+    open(reset_gate).await;
+    assert_eq!(env.count(DRAINED).await, 2, "the queue as it was");
+    let rebuilding: bool = sqlx::query_scalar("SELECT wh_perspective_is_rebuilding('ledger')")
+        .fetch_one(env.store.pool())
+        .await
+        .unwrap();
+    assert!(!rebuilding, "the rebuild lock is released");
+}
