@@ -827,3 +827,142 @@ async fn bulk_requeue_reports_the_ones_it_lost() {
     assert_eq!(env.status_of("order_summary", 4).await, "purged");
     assert!(work_rows(&env, "order_summary", 4).await.is_empty());
 }
+
+// ---------------------------------------------------------------------------------------------
+// Already queued, being rebuilt (issue 7, defect 2)
+
+fn already_queued(n: i64, perspective: &str, verb: &str) -> String {
+    format!("Position {n} of '{perspective}' is already queued for the daemon (a work row for its event exists), so {verb} it would apply it twice. Nothing was done; purge the dead letter if the queued event should stand.")
+}
+
+fn being_rebuilt(perspective: &str) -> String {
+    format!("Perspective '{perspective}' is being rebuilt; try again when `vantage perspectives rebuild {perspective}` has finished. Nothing was done.")
+}
+
+/// Queues the event of the open dead letter of (`perspective`, `position`) again behind its
+/// back, as a rebuild racing a dead-letter move used to.
+async fn queue_again(env: &Env, perspective: &str, position: i64) {
+    sqlx::query(
+        "INSERT INTO wh_perspective_events \
+             (stream_id, event_id, global_position, stream_version, perspective_name) \
+         SELECT stream_id, event_id, global_position, stream_version, perspective_name \
+         FROM wh_dead_letters \
+         WHERE perspective_name = $1 AND global_position = $2 AND status = 'exhausted'",
+    )
+    .bind(perspective)
+    .bind(position)
+    .execute(env.store.pool())
+    .await
+    .unwrap();
+}
+
+/// A dead letter whose event is queued again (a work row for the same perspective and event)
+/// is neither replayed nor requeued: either would apply the event twice. Exit 2 with a message
+/// naming the position and the perspective; nothing changes (no read-model write, status still
+/// exhausted, no history, the one work row). A bulk requeue skips it, says so, requeues the
+/// rest, and exits 2.
+#[tokio::test]
+async fn replay_and_requeue_refuse_an_event_that_is_already_queued() {
+    let env = with_dead_letters().await;
+    queue_again(&env, "order_summary", 4).await;
+    let model_before = env.count("SELECT count(*) FROM public.order_summary").await;
+
+    env.run(&[
+        "dlq",
+        "replay",
+        "4",
+        "--perspective",
+        "order_summary",
+        "--yes",
+    ])
+    .await
+    .expect_error(&already_queued(4, "order_summary", "replaying"));
+    env.run(&[
+        "dlq",
+        "requeue",
+        "4",
+        "--perspective",
+        "order_summary",
+        "--yes",
+    ])
+    .await
+    .expect_error(&already_queued(4, "order_summary", "requeuing"));
+    env.run(&["dlq", "requeue", "4", "--yes", "--json"])
+        .await
+        .expect_json_error(&already_queued(4, "order_summary", "requeuing"));
+    assert_eq!(env.status_of("order_summary", 4).await, "exhausted");
+    assert_eq!(
+        env.history_of("order_summary", 4).await.len(),
+        1,
+        "Exhausted only"
+    );
+    assert_eq!(work_rows(&env, "order_summary", 4).await, vec![(0, None)]);
+    assert_eq!(
+        env.count("SELECT count(*) FROM public.order_summary").await,
+        model_before
+    );
+
+    let run = env
+        .run(&[
+            "dlq",
+            "requeue",
+            "--all",
+            "--perspective",
+            "order_summary",
+            "--yes",
+        ])
+        .await;
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert_eq!(
+        run.stdout,
+        "Requeued position 2 of 'order_summary'.\n\
+         Position 4 of 'order_summary' is already queued for the daemon; skipped.\n\
+         Requeued 1 of 2 dead-lettered event(s).\n"
+    );
+    assert_eq!(
+        run.stderr,
+        "2 dead-lettered event(s) to requeue:\n  \
+         position 2 of 'order_summary' (MaxAttemptsExceeded)\n  \
+         position 4 of 'order_summary' (PermanentFailure)\n\
+         1 of 2 dead-lettered event(s) were already queued for the daemon: requeuing them would apply them twice. They were skipped.\n"
+    );
+    assert_eq!(env.status_of("order_summary", 2).await, "requeued");
+    assert_eq!(env.status_of("order_summary", 4).await, "exhausted");
+    assert_eq!(work_rows(&env, "order_summary", 4).await.len(), 1);
+}
+
+/// While `vantage perspectives rebuild` holds a perspective's rebuild lock, replay and requeue
+/// of its dead letters refuse (exit 2, nothing changed) instead of racing the rebuild's
+/// re-queue; other perspectives are not affected.
+#[tokio::test]
+async fn replay_and_requeue_refuse_while_the_perspective_is_being_rebuilt() {
+    let env = with_dead_letters().await;
+    let mut rebuild = env.store.pool().acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(wh_perspective_lock_key('order_summary'))")
+        .execute(&mut *rebuild)
+        .await
+        .unwrap();
+
+    env.run(&["dlq", "replay", "4", "--yes"])
+        .await
+        .expect_error(&being_rebuilt("order_summary"));
+    env.run(&["dlq", "requeue", "4", "--yes"])
+        .await
+        .expect_error(&being_rebuilt("order_summary"));
+    assert_eq!(env.status_of("order_summary", 4).await, "exhausted");
+    assert_eq!(env.history_of("order_summary", 4).await.len(), 1);
+    assert!(work_rows(&env, "order_summary", 4).await.is_empty());
+    env.run(&["dlq", "requeue", "2", "--perspective", "audit", "--yes"])
+        .await
+        .expect(0, "Requeued position 2 of 'audit'.\n", "");
+
+    sqlx::query("SELECT pg_advisory_unlock(wh_perspective_lock_key('order_summary'))")
+        .execute(&mut *rebuild)
+        .await
+        .unwrap();
+    env.run(&["dlq", "requeue", "4", "--yes"]).await.expect(
+        0,
+        "Requeued position 4 of 'order_summary'.\n",
+        "",
+    );
+}

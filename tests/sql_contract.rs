@@ -1901,3 +1901,286 @@ async fn unbounded_get_stream_events_works_for_one_and_two_lanes() -> TestResult
     assert_eq!(two.len(), 4, "two lanes");
     Ok(())
 }
+
+// ------------------------------------------------------------------------------------------
+// Rebuild lock, requeue refusals, purged stays purged (issue 7, defects 1, 2 and 9)
+// ------------------------------------------------------------------------------------------
+
+/// The key of a perspective's rebuild lock, as `vantage perspectives rebuild` takes it.
+async fn lock_key(store: &Store, perspective: &str) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar("SELECT wh_perspective_lock_key($1)")
+        .bind(perspective)
+        .fetch_one(store.pool())
+        .await?)
+}
+
+/// Claims, fetched rows, and the work rows of a perspective that nobody leases.
+async fn unleased(store: &Store, perspective: &str) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM wh_perspective_events \
+         WHERE perspective_name = $1 AND instance_id IS NULL",
+    )
+    .bind(perspective)
+    .fetch_one(store.pool())
+    .await?)
+}
+
+/// Defects 1 and 2. While a session holds a perspective's rebuild lock (the session-level
+/// advisory lock on `wh_perspective_lock_key(name)`), neither claim function leases or returns
+/// a row of that perspective (others are claimed as usual), `move_to_dead_letters` and
+/// `requeue_dead_letter` raise 55P03 saying the perspective is being rebuilt and change nothing;
+/// a claim in progress holds the lock shared, so the rebuild's exclusive lock cannot be taken
+/// under it; after the unlock everything is claimable again. The key depends on the schema, so
+/// two vantage schemas in one database do not share locks. Catches: a claim that ignores the
+/// lock (a rebuild's re-queued history overtaken by newer rows), a move or requeue that races a
+/// rebuild (an open dead letter and a work row for one event).
+#[tokio::test]
+async fn rebuild_lock_stops_claims_moves_and_requeues_of_its_perspective() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["*"]).await?;
+    perspective(store, "P2", &["*"]).await?;
+    let a = live_instance(store).await?;
+    // A dead letter of P1 to requeue later.
+    let poison_stream = Uuid::new_v4();
+    append(store, poison_stream, &["Poison"]).await?;
+    let rows = claim_streams(store, a, &[poison_stream]).await?;
+    let poison_p1 = rows
+        .iter()
+        .find(|r| r.perspective_name == "P1")
+        .unwrap()
+        .event_work_id;
+    let MoveOutcome::Moved(dl) = store
+        .move_to_dead_letters(poison_p1, FAILURE_MAX_ATTEMPTS, "x", Some(a))
+        .await?
+    else {
+        panic!("moved");
+    };
+    store.complete(a, &ids_of(&rows)).await?;
+
+    let s = Uuid::new_v4();
+    append(store, s, &["A", "B"]).await?;
+    let key = lock_key(store, "P1").await?;
+    assert_ne!(key, lock_key(store, "P2").await?);
+    let other_schema = setup_schema("vantage_other").await?;
+    assert_ne!(
+        key,
+        lock_key(&other_schema.store, "P1").await?,
+        "the key names the schema"
+    );
+
+    let mut rebuild = store.pool().acquire().await?;
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(key)
+        .execute(&mut *rebuild)
+        .await?;
+
+    let heads = orphaned(store, a).await?;
+    assert_eq!(
+        heads
+            .iter()
+            .map(|h| h.perspective_name.as_str())
+            .collect::<Vec<_>>(),
+        vec!["P2"],
+        "only P2 is claimed while P1 is being rebuilt: {heads:?}"
+    );
+    let fetched = fetch(store, a, &[s]).await?;
+    assert!(
+        fetched.iter().all(|r| r.perspective_name == "P2") && fetched.len() == 2,
+        "{fetched:?}"
+    );
+    let lane_rows = claim_lane(store, a, s, "P1").await?;
+    assert!(lane_rows.is_empty(), "{lane_rows:?}");
+    assert_eq!(unleased(store, "P1").await?, 2);
+
+    let p1_head = lane(store, s, "P1").await?[0].event_work_id;
+    let before = all_work(store).await?;
+    let moved = store
+        .move_to_dead_letters(p1_head, FAILURE_MAX_ATTEMPTS, "x", Some(a))
+        .await;
+    let Err(StoreError::Database(e)) = &moved else {
+        panic!("the move must raise while P1 is rebuilt: {moved:?}");
+    };
+    assert_eq!(sqlstate(e).as_deref(), Some("55P03"), "{e}");
+    assert!(e.to_string().contains("being rebuilt"), "{e}");
+    let requeued = store.requeue_dead_letter(dl, "ops").await;
+    let Err(StoreError::Database(e)) = &requeued else {
+        panic!("the requeue must raise while P1 is rebuilt: {requeued:?}");
+    };
+    assert_eq!(sqlstate(e).as_deref(), Some("55P03"), "{e}");
+    assert!(e.to_string().contains("being rebuilt"), "{e}");
+    let mut replay = store.pool().begin().await?;
+    let resolved = vantage::store::resolve_dead_letter_in(&mut replay, dl, "ops").await;
+    let Err(StoreError::Database(e)) = &resolved else {
+        panic!("a replay's resolution must raise while P1 is rebuilt: {resolved:?}");
+    };
+    assert_eq!(sqlstate(e).as_deref(), Some("55P03"), "{e}");
+    drop(replay);
+    assert_eq!(all_work(store).await?, before);
+    assert_eq!(store.dead_letter(dl).await?.unwrap().status, "exhausted");
+    assert_eq!(history_kinds(store, dl).await?, vec!["Exhausted"]);
+    let rebuilding = |name: &'static str| async move {
+        sqlx::query_scalar::<_, bool>("SELECT wh_perspective_is_rebuilding($1)")
+            .bind(name)
+            .fetch_one(store.pool())
+            .await
+    };
+    assert!(rebuilding("P1").await?);
+    assert!(!rebuilding("P2").await?);
+
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(key)
+        .execute(&mut *rebuild)
+        .await?;
+    assert!(!rebuilding("P1").await?);
+    let fetched = claim_streams(store, a, &[s]).await?;
+    assert_eq!(fetched.len(), 4, "P1 is claimable again: {fetched:?}");
+
+    // A claim in progress holds the lock shared: the rebuild's exclusive lock waits for it.
+    let mut claim = store.pool().begin().await?;
+    sqlx::query("SELECT * FROM claim_orphaned_perspective_events($1, 60, 10, 10, ARRAY['P1'])")
+        .bind(a.0)
+        .fetch_all(&mut *claim)
+        .await?;
+    let free: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+        .bind(key)
+        .fetch_one(&mut *rebuild)
+        .await?;
+    assert!(
+        !free,
+        "a claim in progress must hold the rebuild lock shared"
+    );
+    claim.commit().await?;
+    let free: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+        .bind(key)
+        .fetch_one(&mut *rebuild)
+        .await?;
+    assert!(free, "released with the claim's transaction");
+    drop(rebuild);
+    drop(other_schema);
+    Ok(())
+}
+
+/// Defect 2. requeue_dead_letter on an open dead letter whose event already has a work row for
+/// that perspective (what a rebuild racing a move used to leave behind) raises 23505 and changes
+/// nothing: no second work row, status still exhausted, no Requeued history. Catches: a requeue
+/// whose insert did nothing (ON CONFLICT DO NOTHING) but which still reported success and wrote
+/// `Requeued`.
+#[tokio::test]
+async fn requeue_refuses_when_the_event_is_already_queued() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["*"]).await?;
+    let a = live_instance(store).await?;
+    let s = Uuid::new_v4();
+    append(store, s, &["Poison"]).await?;
+    let id = claim_streams(store, a, &[s]).await?[0].event_work_id;
+    let MoveOutcome::Moved(dl) = store
+        .move_to_dead_letters(id, FAILURE_MAX_ATTEMPTS, "x", Some(a))
+        .await?
+    else {
+        panic!("moved");
+    };
+    // The event is queued again behind the dead letter's back.
+    sqlx::query(
+        "INSERT INTO wh_perspective_events \
+             (stream_id, event_id, global_position, stream_version, perspective_name) \
+         SELECT stream_id, event_id, global_position, stream_version, perspective_name \
+         FROM wh_dead_letters WHERE dead_letter_id = $1",
+    )
+    .bind(dl)
+    .execute(store.pool())
+    .await?;
+    let work_before = all_work(store).await?;
+    let dls_before = dead_letters(store).await?;
+
+    let outcome = store.requeue_dead_letter(dl, "ops").await;
+    match &outcome {
+        Err(StoreError::Database(e)) => {
+            assert_eq!(sqlstate(e).as_deref(), Some("23505"), "{e}");
+            assert!(e.to_string().contains("already queued"), "{e}");
+        }
+        other => panic!("requeue must refuse: {other:?}"),
+    }
+    assert_eq!(all_work(store).await?, work_before);
+    assert_eq!(dead_letters(store).await?, dls_before);
+    assert_eq!(history_kinds(store, dl).await?, vec!["Exhausted"]);
+    Ok(())
+}
+
+/// Defect 9. A purged dead letter is terminal: when its event is queued again (a rebuild
+/// re-queues purged events) and exhausted again, the move mints a NEW dead letter; the purged
+/// record and its history are untouched. The new record is the only open one at that position,
+/// and a requeue and re-exhaustion of it reopens it (not the purged one). Catches: the move's
+/// ON CONFLICT reopening a purged letter.
+#[tokio::test]
+async fn purged_dead_letter_stays_purged_when_its_event_is_exhausted_again() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["*"]).await?;
+    let a = live_instance(store).await?;
+    let s = Uuid::new_v4();
+    let appended = append(store, s, &["Poison"]).await?;
+    let position = appended[0].global_position;
+    let id = claim_streams(store, a, &[s]).await?[0].event_work_id;
+    let MoveOutcome::Moved(purged) = store
+        .move_to_dead_letters(id, FAILURE_MAX_ATTEMPTS, "first", Some(a))
+        .await?
+    else {
+        panic!("moved");
+    };
+    assert!(store.purge_dead_letter(purged, "ops").await?);
+    let purged_row = store.dead_letter(purged).await?.unwrap();
+    let purged_history = store.dead_letter_history(purged).await?;
+    assert_eq!(
+        history_kinds(store, purged).await?,
+        vec!["Exhausted", "Purged"]
+    );
+
+    // Queued again the way a rebuild does it, then exhausted again.
+    let mut conn = store.pool().acquire().await?;
+    let (queued, _) =
+        vantage::store::requeue_history_batch_in(&mut conn, "P1", 0, position, 100).await?;
+    drop(conn);
+    assert_eq!(
+        queued, 1,
+        "a purged event is not open: a rebuild re-queues it"
+    );
+    let again = claim_streams(store, a, &[s]).await?[0].event_work_id;
+    let MoveOutcome::Moved(fresh) = store
+        .move_to_dead_letters(again, FAILURE_MAX_ATTEMPTS, "second", Some(a))
+        .await?
+    else {
+        panic!("moved again");
+    };
+    assert_ne!(fresh, purged, "a purged dead letter is never reopened");
+    assert_eq!(store.dead_letter(purged).await?.unwrap(), purged_row);
+    assert_eq!(store.dead_letter_history(purged).await?, purged_history);
+    let open = store.open_dead_letters_at(position, None).await?;
+    assert_eq!(
+        open.iter().map(|d| d.dead_letter_id).collect::<Vec<_>>(),
+        vec![fresh]
+    );
+    assert_eq!(open[0].status, "exhausted");
+    assert_eq!(history_kinds(store, fresh).await?, vec!["Exhausted"]);
+
+    // The new record follows the usual life: requeued, exhausted again = reopened.
+    assert!(store.requeue_dead_letter(fresh, "ops").await?);
+    let third = claim_streams(store, a, &[s]).await?[0].event_work_id;
+    assert_eq!(
+        store
+            .move_to_dead_letters(third, FAILURE_MAX_ATTEMPTS, "third", Some(a))
+            .await?,
+        MoveOutcome::Moved(fresh)
+    );
+    assert_eq!(
+        history_kinds(store, fresh).await?,
+        vec!["Exhausted", "Requeued", "Exhausted"]
+    );
+    assert_eq!(store.dead_letter(purged).await?.unwrap(), purged_row);
+    assert_eq!(
+        count(store, "SELECT count(*) FROM wh_dead_letters").await?,
+        2
+    );
+    Ok(())
+}

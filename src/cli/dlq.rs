@@ -250,6 +250,18 @@ mod msg {
     pub fn requeued_total(requeued: usize, count: usize) -> String {
         format!("Requeued {requeued} of {count} dead-lettered event(s).")
     }
+    pub fn already_queued(position: i64, perspective: &str, verb: &str) -> String {
+        format!("Position {position} of '{perspective}' is already queued for the daemon (a work row for its event exists), so {verb} it would apply it twice. Nothing was done; purge the dead letter if the queued event should stand.")
+    }
+    pub fn being_rebuilt(perspective: &str) -> String {
+        format!("Perspective '{perspective}' is being rebuilt; try again when `vantage perspectives rebuild {perspective}` has finished. Nothing was done.")
+    }
+    pub fn skipped_queued(position: i64, perspective: &str) -> String {
+        format!("Position {position} of '{perspective}' is already queued for the daemon; skipped.")
+    }
+    pub fn requeue_partial_queued(skipped: usize, count: usize) -> String {
+        format!("{skipped} of {count} dead-lettered event(s) were already queued for the daemon: requeuing them would apply them twice. They were skipped.")
+    }
     pub fn requeue_partial(skipped: usize, count: usize) -> String {
         format!("{skipped} of {count} dead-lettered event(s) were no longer dead-lettered: another command changed them while this one was waiting. They were skipped.")
     }
@@ -295,6 +307,32 @@ async fn resolve(
             Err(Failure::usage(msg::ambiguous(position, &names)))
         }
     }
+}
+
+/// Refuses to replay or requeue a dead letter whose perspective is being rebuilt, or whose event
+/// is queued for the daemon again (either would apply it twice): checked before asking, and
+/// again atomically by the action itself.
+async fn check_not_queued(store: &Store, dl: &DeadLetter, verb: &str) -> Result<(), Failure> {
+    let p = dl.perspective_name.as_str();
+    if store
+        .perspective_is_rebuilding(p)
+        .await
+        .map_err(|e| output::store_failure(&e))?
+    {
+        return Err(Failure::usage(msg::being_rebuilt(p)));
+    }
+    if store
+        .is_queued(p, dl.event_id)
+        .await
+        .map_err(|e| output::store_failure(&e))?
+    {
+        return Err(Failure::usage(msg::already_queued(
+            dl.global_position,
+            p,
+            verb,
+        )));
+    }
+    Ok(())
 }
 
 /// Re-reads the dead letter's event live and checks that the row read really is that event:

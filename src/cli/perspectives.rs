@@ -1,24 +1,51 @@
 //! `vantage perspectives`: the registry, and rebuilding a perspective's read model.
 //!
-//! A rebuild runs the perspective's `reset` statement and then re-queues every historical event
-//! of its types, all in ONE transaction: an interrupted rebuild changes nothing, and the daemon
-//! never sees the read model reset without its events queued again. With a `TRUNCATE` reset the
-//! daemon's concurrent applies wait for the rebuild to commit, so each event lands exactly once
-//! (a `DELETE`-based reset does not take that lock: stop the daemon first, or use TRUNCATE).
-//! Re-queueing skips events already queued for the perspective (`ON CONFLICT DO NOTHING`) and
-//! events with an open dead letter (the operator decides those).
+//! A rebuild runs the perspective's `reset` statement and re-queues every historical event of
+//! its (registered) types, and is safe on a running daemon:
+//!
+//! 1. It takes the perspective's rebuild lock: a session-level advisory lock on
+//!    `wh_perspective_lock_key(name)`, held on one dedicated connection for the whole run.
+//!    From then on the daemons' claims skip the perspective (its new events wait, queued,
+//!    nothing charged), and dead-letter moves, requeues and replays of it refuse with SQLSTATE
+//!    55P03 (the daemon retries a move later; `vantage dlq` says the perspective is being
+//!    rebuilt, exit 2). Claims, moves and replays already running hold the lock shared, so the
+//!    rebuild waits for them (quietly for a moment, then saying so, at most `worker.lease`).
+//!    Nothing is persisted: if the command dies, the server ends its session and the lock goes
+//!    with it, so a crashed rebuild pauses nothing. A second rebuild of the same perspective is
+//!    refused while one runs.
+//! 2. It waits, at most `worker.lease`, until no row of the perspective is validly leased to a
+//!    live instance: the applies in flight finish.
+//! 3. In ONE transaction (an interrupted rebuild changes nothing): it takes back every lease of
+//!    the perspective that is left (lapsed, held by a dead instance, or a straggler's after the
+//!    wait: their completion then matches nothing and rolls back, so no apply commits behind the
+//!    reset's back), runs `reset`, then re-queues every stored event of its types up to the end
+//!    of the store, skipping events already queued (`ON CONFLICT DO NOTHING`) and events with an
+//!    open dead letter (the operator decides those), and commits. Lock waits inside it are
+//!    bounded by `worker.lease` (`lock_timeout`).
+//! 4. It releases the lock, and only then do claims see the perspective again: every lane is
+//!    whole (re-queued history plus the events that arrived meanwhile), so events are applied in
+//!    stream order, each exactly once after the reset, with a `DELETE`-based reset as with
+//!    `TRUNCATE`.
+
+use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
+use sqlx::{Connection, PgConnection};
 
 use super::output::{self, confirm, Confirmed, Failure, Ui};
 use super::{exit, GlobalArgs};
 use crate::config::{PerspectiveSettings, Settings};
 use crate::perspective::{Perspective, SqlPerspective};
-use crate::store::{requeue_history_batch_in, Store};
+use crate::store::{requeue_history_batch_in, Store, StoreError};
 
 /// Events re-queued per round trip of a rebuild.
 const REBUILD_BATCH: i64 = 10_000;
+/// How often a rebuild looks whether the applies in flight have finished (each look counts the
+/// perspective's leased rows: no index covers lease columns, by design).
+const IN_FLIGHT_POLL: Duration = Duration::from_millis(250);
+/// How long a rebuild waits for its lock before it says that it is waiting.
+const QUIET_LOCK_WAIT: Duration = Duration::from_millis(500);
 
 /// `vantage perspectives` subcommands.
 #[derive(Debug, Clone, Subcommand)]
@@ -177,54 +204,198 @@ async fn rebuild(
     .await?;
 
     let handler = SqlPerspective::from_settings(config);
-    let (queued, expected) = rebuild_in_one_transaction(ui, store, &handler, &confirmed)
-        .await
-        .map_err(|e| {
-            Failure::usage(format!(
-                "Rebuild of '{name}' failed: {e}. Nothing was changed."
-            ))
-        })?;
+    let (queued, expected) =
+        rebuild_locked(ui, store, &handler, settings.worker.lease, &confirmed).await?;
     ui.say(format!(
         "Rebuilt '{name}': read model reset; {queued} event(s) queued again for the daemon to apply."
     ));
     Ok(json!({"expected": expected, "perspective": name, "queued": queued}))
 }
 
-/// Runs the `reset` statement, then re-queues every event of the perspective's types up to the
-/// current end of the store in batches (progress on stderr), and commits once. Events appended
-/// later are queued by the fan-out itself. Returns (queued, the approximate total).
-async fn rebuild_in_one_transaction(
+/// Why a rebuild stopped; every case changed nothing.
+enum RebuildError {
+    /// Another `perspectives rebuild` of it holds the lock.
+    AlreadyRunning,
+    /// Claims, moves, requeues or replays of it kept the lock busy for longer than the bound.
+    Busy(Duration),
+    /// A statement failed.
+    Failed(String),
+}
+
+impl RebuildError {
+    fn into_failure(self, name: &str) -> Failure {
+        Failure::usage(match self {
+            RebuildError::AlreadyRunning => format!(
+                "Perspective '{name}' is already being rebuilt by another command. Nothing was changed."
+            ),
+            RebuildError::Busy(waited) => format!(
+                "Rebuild of '{name}' failed: the perspective was still busy after {} (a claim, dead-letter move, replay or another rebuild of it in progress). Nothing was changed.",
+                humantime::format_duration(waited)
+            ),
+            RebuildError::Failed(e) => {
+                format!("Rebuild of '{name}' failed: {e}. Nothing was changed.")
+            }
+        })
+    }
+}
+
+impl From<StoreError> for RebuildError {
+    fn from(e: StoreError) -> Self {
+        RebuildError::Failed(e.to_string())
+    }
+}
+
+impl From<sqlx::Error> for RebuildError {
+    fn from(e: sqlx::Error) -> Self {
+        RebuildError::Failed(StoreError::from(e).to_string())
+    }
+}
+
+/// The whole rebuild under the perspective's lock, on one dedicated connection: (a) take the
+/// lock (claims of the perspective stop; moves, requeues and replays of it refuse), (b) wait,
+/// bounded by `lease`, for applies in flight to finish, (c) in one transaction take back every
+/// lease, reset, re-queue, commit, (d) unlock and wake the daemons.
+async fn rebuild_locked(
     ui: &Ui,
     store: &Store,
     handler: &SqlPerspective,
-    _confirmed: &Confirmed,
-) -> Result<(u64, i64), String> {
+    lease: Duration,
+    confirmed: &Confirmed,
+) -> Result<(u64, i64), Failure> {
     let name = handler.name().to_string();
-    let up_to = store
-        .max_global_position()
+    let failure = |e: RebuildError| e.into_failure(&name);
+    let mut conn = store
+        .pool()
+        .acquire()
         .await
-        .map_err(|e| e.to_string())?;
-    let expected = store
-        .history_event_count(&name, up_to)
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut tx = store.pool().begin().await.map_err(|e| e.to_string())?;
-    handler
-        .reset(&mut tx)
-        .await
-        .map_err(|e| format!("the reset statement failed: {}", e.message()))?;
+        .map_err(|e| failure(e.into()))?;
+
+    // (a) The lock. A held session lock dies with the session: nothing to clean up after a crash.
+    if let Err(e) = lock(ui, store, &mut conn, &name, lease).await {
+        // Whatever happened, this session must not go back to the pool holding the lock.
+        let _ = conn.close().await;
+        return Err(failure(e));
+    }
+
+    let result = rebuild_under_lock(ui, store, &mut conn, handler, lease, confirmed).await;
+
+    // (d) Unlock only now: the re-queued history is committed, so the first claim after this
+    // sees every lane whole. If the unlock fails, closing the session releases the lock.
+    match Store::unlock_after_rebuild(&mut conn, &name).await {
+        Ok(true) => drop(conn),
+        _ => {
+            let _ = conn.close().await;
+        }
+    }
+    if result.is_ok() {
+        // Daemons woken by the commit found the perspective still locked; wake them again.
+        let _ = store.notify_work().await;
+    }
+    result.map_err(failure)
+}
+
+/// (a) of [`rebuild_locked`]. Claims hold the lock shared for the length of one statement, so
+/// a running daemon makes it busy now and then: wait quietly for a moment, then say so and wait
+/// up to `lease` (a queued exclusive request already turns new claims, moves, requeues and
+/// replays of the perspective away; only those in progress are waited for).
+async fn lock(
+    ui: &Ui,
+    store: &Store,
+    conn: &mut PgConnection,
+    name: &str,
+    lease: Duration,
+) -> Result<(), RebuildError> {
+    if Store::try_lock_for_rebuild(conn, name).await? {
+        return Ok(());
+    }
+    if store.perspective_is_rebuilding(name).await? {
+        return Err(RebuildError::AlreadyRunning);
+    }
+    if Store::lock_for_rebuild(conn, name, QUIET_LOCK_WAIT).await? {
+        return Ok(());
+    }
+    if store.perspective_is_rebuilding(name).await? {
+        return Err(RebuildError::AlreadyRunning);
+    }
+    ui.note(format!(
+        "Waiting for claims, dead-letter moves and replays of '{name}' in progress to finish..."
+    ));
+    if Store::lock_for_rebuild(conn, name, lease).await? {
+        Ok(())
+    } else {
+        Err(RebuildError::Busy(lease))
+    }
+}
+
+/// (b) and (c) of [`rebuild_locked`]. Returns (queued, the approximate total).
+async fn rebuild_under_lock(
+    ui: &Ui,
+    store: &Store,
+    conn: &mut PgConnection,
+    handler: &SqlPerspective,
+    lease: Duration,
+    _confirmed: &Confirmed,
+) -> Result<(u64, i64), RebuildError> {
+    let name = handler.name().to_string();
+
+    // (b) No claim of the perspective starts any more; let the applies in flight finish. Leases
+    // that are not renewed lapse within `lease`; past that, (c) fences what is left.
+    let started = Instant::now();
+    let mut announced = false;
+    let mut timed_out = false;
+    loop {
+        let in_flight = Store::live_leases_in(conn, &name).await?;
+        if in_flight == 0 {
+            break;
+        }
+        if started.elapsed() >= lease {
+            ui.note(format!(
+                "{in_flight} event(s) of '{name}' are still leased after {}: taking them back; their applies in flight will be rolled back.",
+                humantime::format_duration(lease)
+            ));
+            timed_out = true;
+            break;
+        }
+        if !announced {
+            ui.note(format!(
+                "Claims of '{name}' are paused; waiting for {in_flight} event(s) in flight in the daemon to finish (at most {})...",
+                humantime::format_duration(lease)
+            ));
+            announced = true;
+        }
+        tokio::time::sleep(IN_FLIGHT_POLL).await;
+    }
+
+    // (c) One transaction: an interrupted rebuild changes nothing.
+    let mut tx = conn.begin().await?;
+    // A reset or re-queue never waits for other sessions' locks without bound (a TRUNCATE
+    // waiting for a reader would also hold up every new reader of the read model).
+    Store::set_local_lock_timeout_in(&mut tx, lease).await?;
+    // Every remaining lease of the perspective is lapsed, held by a dead instance, or (after
+    // the bound) a straggler's: taking them back fences the holders, whose completion then
+    // matches nothing and rolls back, so no apply commits after the reset's snapshot.
+    let taken = Store::take_back_leases_in(&mut tx, &name).await?;
+    if taken > 0 && !timed_out {
+        ui.note(format!("Took back {taken} lapsed lease(s) of '{name}'."));
+    }
+    handler.reset(&mut tx).await.map_err(|e| {
+        RebuildError::Failed(format!("the reset statement failed: {}", e.message()))
+    })?;
     ui.note(format!("Reset the read model of '{name}'."));
+    // Read after the reset, under the lock: an event stored later has its work row from the
+    // fan-out, and nobody can complete it before this transaction commits.
+    let up_to = Store::max_global_position_in(&mut tx).await?;
+    let expected = store.history_event_count(&name, up_to).await?;
     let mut queued = 0u64;
     let mut after = 0i64;
     loop {
-        let (n, last) = requeue_history_batch_in(&mut tx, &name, after, up_to, REBUILD_BATCH)
-            .await
-            .map_err(|e| e.to_string())?;
+        let (n, last) =
+            requeue_history_batch_in(&mut tx, &name, after, up_to, REBUILD_BATCH).await?;
         queued += n;
         let Some(last) = last else { break };
         after = last;
         ui.note(format!("queued {queued} of ~{expected}"));
     }
-    tx.commit().await.map_err(|e| e.to_string())?;
+    tx.commit().await?;
     Ok((queued, expected))
 }

@@ -129,7 +129,9 @@ const DEAD_LETTER_COLUMNS: &str = "dead_letter_id, source_table, source_id, stre
     status_changed_at";
 
 impl Store {
-    /// Moves a work row to the dead letters (atomic, idempotent).
+    /// Moves a work row to the dead letters (atomic, idempotent). While the row's perspective is
+    /// being rebuilt it refuses with SQLSTATE 55P03 ([`StoreError::is_rebuild_in_progress`]):
+    /// transient, nothing changed, nobody charged.
     pub async fn move_to_dead_letters(
         &self,
         work_id: Uuid,
@@ -198,7 +200,48 @@ impl Store {
         .map_err(map_db_error)
     }
 
-    /// Requeues a dead letter (compare-and-set); false if it was no longer exhausted.
+    /// Whether a work row exists for (`perspective`, `event_id`): the event is queued for the
+    /// daemon, so replaying or requeuing its dead letter would apply it twice.
+    pub async fn is_queued(&self, perspective: &str, event_id: Uuid) -> Result<bool, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        Self::is_queued_in(&mut conn, perspective, event_id).await
+    }
+
+    /// [`is_queued`](Self::is_queued) on the caller's connection (e.g. a replay's transaction).
+    pub async fn is_queued_in(
+        conn: &mut sqlx::PgConnection,
+        perspective: &str,
+        event_id: Uuid,
+    ) -> Result<bool, StoreError> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM wh_perspective_events \
+                            WHERE perspective_name = $1 AND event_id = $2)",
+        )
+        .bind(perspective)
+        .bind(event_id)
+        .fetch_one(conn)
+        .await
+        .map_err(map_db_error)
+    }
+
+    /// Takes the perspective's rebuild lock shared for the rest of the caller's transaction, so
+    /// no rebuild can reset and re-queue the perspective until it ends. False (nothing taken)
+    /// while a rebuild holds it.
+    pub async fn try_lock_perspective_shared_in(
+        conn: &mut sqlx::PgConnection,
+        perspective: &str,
+    ) -> Result<bool, StoreError> {
+        sqlx::query_scalar("SELECT pg_try_advisory_xact_lock_shared(wh_perspective_lock_key($1))")
+            .bind(perspective)
+            .fetch_one(conn)
+            .await
+            .map_err(map_db_error)
+    }
+
+    /// Requeues a dead letter (compare-and-set); false if it was no longer exhausted. An error
+    /// for which [`StoreError::is_already_queued`] holds when a work row for its event exists
+    /// (nothing is changed: no work row, no `Requeued` history), and one for which
+    /// [`StoreError::is_rebuild_in_progress`] holds while its perspective is being rebuilt.
     pub async fn requeue_dead_letter(&self, id: Uuid, actor: &str) -> Result<bool, StoreError> {
         sqlx::query_scalar("SELECT requeue_dead_letter($1, $2)")
             .bind(id)
@@ -235,8 +278,34 @@ impl Store {
     }
 }
 
+impl StoreError {
+    /// The statement refused because its perspective is being rebuilt (SQLSTATE 55P03 raised by
+    /// `wh_lock_perspective_shared`): transient, nothing was changed, try again after the rebuild.
+    pub fn is_rebuild_in_progress(&self) -> bool {
+        self.database_error()
+            .is_some_and(|(code, message)| code == "55P03" && message.contains("is being rebuilt"))
+    }
+
+    /// `requeue_dead_letter` refused because the event is already queued (SQLSTATE 23505).
+    pub fn is_already_queued(&self) -> bool {
+        self.database_error()
+            .is_some_and(|(code, message)| code == "23505" && message.contains("already queued"))
+    }
+
+    fn database_error(&self) -> Option<(String, &str)> {
+        match self {
+            StoreError::Database(sqlx::Error::Database(db)) => {
+                Some((db.code()?.into_owned(), db.message()))
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Marks a dead letter resolved inside the caller's transaction, so a replay's writes and the
-/// resolution commit together; false (roll back!) if another command changed it first.
+/// resolution commit together; false (roll back!) if another command changed it first. Raises
+/// ([`StoreError::is_rebuild_in_progress`]) while the perspective is being rebuilt, and otherwise
+/// holds the rebuild lock shared until the transaction ends.
 pub async fn resolve_dead_letter_in(
     conn: &mut sqlx::PgConnection,
     id: Uuid,
@@ -250,7 +319,9 @@ pub async fn resolve_dead_letter_in(
         .map_err(map_db_error)
 }
 
-/// Moves a work row to the dead letters on any executor (e.g. the batch's transaction).
+/// Moves a work row to the dead letters on any executor (e.g. the batch's transaction). Refuses
+/// like [`Store::move_to_dead_letters`] while the perspective is being rebuilt; otherwise holds
+/// the rebuild lock shared until the executor's transaction ends.
 pub async fn move_to_dead_letters_in<'c, E: sqlx::PgExecutor<'c>>(
     executor: E,
     work_id: Uuid,

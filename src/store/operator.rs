@@ -1,6 +1,9 @@
 //! Small read-only queries the operator commands need beyond the daemon's API.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
+use sqlx::postgres::PgConnection;
 
 use super::{map_db_error, Store, StoreError};
 
@@ -32,4 +35,154 @@ impl Store {
         .await
         .map_err(map_db_error)
     }
+}
+
+/// Rebuilding a perspective on a running daemon (`vantage perspectives rebuild`).
+///
+/// The rebuild holds a session-level advisory lock on `wh_perspective_lock_key(name)` on one
+/// dedicated connection for its whole run (these functions take that connection): claims skip
+/// the perspective while it is held, and dead-letter moves, requeues and replays of it refuse
+/// with SQLSTATE 55P03. Nothing is persisted: if the process dies, the server ends its session
+/// and the lock is gone with it.
+impl Store {
+    /// Takes the perspective's rebuild lock if nobody holds it (not even shared: a claim, a
+    /// move, a requeue or a replay in progress). False when it is busy.
+    pub async fn try_lock_for_rebuild(
+        conn: &mut PgConnection,
+        perspective: &str,
+    ) -> Result<bool, StoreError> {
+        sqlx::query_scalar("SELECT pg_try_advisory_lock(wh_perspective_lock_key($1))")
+            .bind(perspective)
+            .fetch_one(conn)
+            .await
+            .map_err(map_db_error)
+    }
+
+    /// Waits up to `timeout` for the perspective's rebuild lock. While it waits, new claims,
+    /// moves, requeues and replays of the perspective already skip or refuse (a queued
+    /// exclusive request blocks new shared ones), so only those in progress are waited for.
+    /// False when the wait timed out.
+    pub async fn lock_for_rebuild(
+        conn: &mut PgConnection,
+        perspective: &str,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        use sqlx::Connection;
+        // A session-level lock outlives the transaction that bounds the wait.
+        let mut tx = conn.begin().await?;
+        set_local_lock_timeout(&mut tx, timeout).await?;
+        let locked = sqlx::query("SELECT pg_advisory_lock(wh_perspective_lock_key($1))")
+            .bind(perspective)
+            .execute(&mut *tx)
+            .await;
+        match locked {
+            Ok(_) => {
+                tx.commit().await?;
+                Ok(true)
+            }
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
+                tx.rollback().await?;
+                Ok(false)
+            }
+            Err(e) => Err(map_db_error(e)),
+        }
+    }
+
+    /// Releases the rebuild lock; false if this session did not hold it.
+    pub async fn unlock_after_rebuild(
+        conn: &mut PgConnection,
+        perspective: &str,
+    ) -> Result<bool, StoreError> {
+        sqlx::query_scalar("SELECT pg_advisory_unlock(wh_perspective_lock_key($1))")
+            .bind(perspective)
+            .fetch_one(conn)
+            .await
+            .map_err(map_db_error)
+    }
+
+    /// Whether some session (a `vantage perspectives rebuild`) holds the perspective's rebuild
+    /// lock right now. For messages: the locks themselves are what keep commands safe.
+    pub async fn perspective_is_rebuilding(&self, perspective: &str) -> Result<bool, StoreError> {
+        sqlx::query_scalar("SELECT wh_perspective_is_rebuilding($1)")
+            .bind(perspective)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map_db_error)
+    }
+
+    /// Rows of the perspective validly leased to a live instance: applies that may be in flight.
+    pub async fn live_leases_in(
+        conn: &mut PgConnection,
+        perspective: &str,
+    ) -> Result<i64, StoreError> {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM wh_perspective_events pe \
+             WHERE pe.perspective_name = $1 AND pe.instance_id IS NOT NULL \
+               AND pe.lease_expiry > now() \
+               AND EXISTS (SELECT 1 FROM wh_service_instances si \
+                           WHERE si.instance_id = pe.instance_id)",
+        )
+        .bind(perspective)
+        .fetch_one(conn)
+        .await
+        .map_err(map_db_error)
+    }
+
+    /// Inside the rebuild's transaction: clears every lease of the perspective (no refund, as
+    /// with any takeover). Fences stragglers: a holder whose apply is still running completes,
+    /// fails or renews nothing any more, so its transaction rolls back instead of committing
+    /// effects the reset would not see. Returns how many rows were leased.
+    pub async fn take_back_leases_in(
+        conn: &mut PgConnection,
+        perspective: &str,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "UPDATE wh_perspective_events SET instance_id = NULL, lease_expiry = NULL \
+             WHERE perspective_name = $1 AND instance_id IS NOT NULL",
+        )
+        .bind(perspective)
+        .execute(conn)
+        .await
+        .map_err(map_db_error)?;
+        Ok(done.rows_affected())
+    }
+
+    /// The highest global position in the store (0 when empty), on the caller's connection.
+    pub async fn max_global_position_in(conn: &mut PgConnection) -> Result<i64, StoreError> {
+        sqlx::query_scalar("SELECT coalesce(max(global_position), 0) FROM wh_event_store")
+            .fetch_one(conn)
+            .await
+            .map_err(map_db_error)
+    }
+
+    /// Bounds every lock wait of the caller's transaction.
+    pub async fn set_local_lock_timeout_in(
+        conn: &mut PgConnection,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        set_local_lock_timeout(conn, timeout).await
+    }
+
+    /// Wakes the daemons (`vantage_work`), e.g. once a rebuild has released its lock.
+    pub async fn notify_work(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(super::WORK_CHANNEL)
+            .execute(&self.pool)
+            .await
+            .map_err(map_db_error)?;
+        Ok(())
+    }
+}
+
+async fn set_local_lock_timeout(
+    conn: &mut PgConnection,
+    timeout: Duration,
+) -> Result<(), StoreError> {
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128).to_string();
+    sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+        .bind(ms)
+        .execute(conn)
+        .await
+        .map_err(map_db_error)?;
+    Ok(())
 }

@@ -5,10 +5,14 @@
 //! compare-and-set: if another command changed the dead letter meanwhile, the transaction is
 //! rolled back and nothing the handler wrote survives. A replay that cannot run anything (no
 //! handler, no statement for the event's type) is refused rather than recorded as resolved.
+//!
+//! A replay never applies an event twice: it refuses while the perspective is being rebuilt
+//! (the transaction holds the rebuild lock shared, so a rebuild cannot reset and re-queue under
+//! it) and when the event is queued for the daemon again (a work row for it exists).
 
 use serde_json::Value;
 
-use super::{msg, reread, resolve, target_json, Ctx, ReplayArgs};
+use super::{check_not_queued, msg, reread, resolve, target_json, Ctx, ReplayArgs};
 use crate::cli::output::{self, confirm, operator_actor, Confirmed, Failure};
 use crate::perspective::{ApplyError, EventEnvelope, Perspective, SqlPerspective};
 use crate::store::{resolve_dead_letter_in, DeadLetter, Store, StoreError, StoredEvent};
@@ -21,6 +25,10 @@ enum Dispatch {
     Lost,
     /// The handler failed: rolled back.
     Failed(ApplyError),
+    /// The perspective is being rebuilt: nothing ran.
+    Rebuilding,
+    /// A work row for the event exists (it is queued again): nothing ran.
+    AlreadyQueued,
 }
 
 pub(super) async fn run(ctx: &Ctx<'_>, args: ReplayArgs) -> Result<Value, Failure> {
@@ -35,6 +43,7 @@ pub(super) async fn run(ctx: &Ctx<'_>, args: ReplayArgs) -> Result<Value, Failur
     if handler.statement(&event.event_type).is_none() {
         return Err(Failure::usage(msg::no_statement(&p, &event.event_type, n)));
     }
+    check_not_queued(ctx.store, &dl, "replaying").await?;
 
     ctx.ui.note(msg::replay_warning(&p, n));
     let confirmed = confirm(&msg::replay_prompt(n, &p), args.yes).await?;
@@ -51,6 +60,8 @@ pub(super) async fn run(ctx: &Ctx<'_>, args: ReplayArgs) -> Result<Value, Failur
             Ok(Value::Object(data))
         }
         Dispatch::Lost => Err(Failure::usage(msg::race(n))),
+        Dispatch::Rebuilding => Err(Failure::usage(msg::being_rebuilt(&p))),
+        Dispatch::AlreadyQueued => Err(Failure::usage(msg::already_queued(n, &p, "replaying"))),
         // The database went away mid-replay: not the event's fault, nothing to record.
         Dispatch::Failed(ApplyError::Unavailable(e)) => Err(Failure::usage(format!(
             "Database unreachable at {} during the replay of position {n}: {e}. Nothing was done.",
@@ -100,6 +111,13 @@ async fn dispatch(
         failures: dl.failures_when_dlq,
     };
     let mut tx = store.pool().begin().await?;
+    // Held until commit: no rebuild resets and re-queues the perspective under this replay.
+    if !Store::try_lock_perspective_shared_in(&mut tx, &dl.perspective_name).await? {
+        return Ok(Dispatch::Rebuilding);
+    }
+    if Store::is_queued_in(&mut tx, &dl.perspective_name, dl.event_id).await? {
+        return Ok(Dispatch::AlreadyQueued);
+    }
     if let Err(e) = handler.apply(&envelope, &mut tx).await {
         tx.rollback().await?;
         return Ok(Dispatch::Failed(e));

@@ -1,10 +1,15 @@
 //! `vantage dlq requeue`: hand dead letters back to the running daemon (attempts reset), one
 //! by position or many with `--all` and filters. A bulk requeue shows the count first and
 //! confirms; `--dry-run` shows what would be requeued and changes nothing.
+//!
+//! A requeue never queues an event twice: `requeue_dead_letter` refuses (and changes nothing)
+//! when a work row for the event exists, and while the perspective is being rebuilt. A single
+//! position is checked before asking too; a bulk requeue skips the ones already queued and
+//! stops at a perspective being rebuilt.
 
 use serde_json::{json, Value};
 
-use super::{check_perspective, msg, resolve, Ctx, RequeueArgs};
+use super::{check_not_queued, check_perspective, msg, resolve, Ctx, RequeueArgs};
 use crate::cli::output::{self, confirm, operator_actor, Confirmed, Failure};
 use crate::store::{DeadLetter, Store, StoreError};
 
@@ -12,7 +17,13 @@ pub(super) async fn run(ctx: &Ctx<'_>, args: RequeueArgs) -> Result<Value, Failu
     let perspective = args.perspective.as_deref();
     let reason = args.reason.as_deref();
     let letters = match args.position {
-        Some(n) => vec![resolve(ctx.store, n, perspective, reason).await?],
+        Some(n) => {
+            let dl = resolve(ctx.store, n, perspective, reason).await?;
+            if !args.dry_run {
+                check_not_queued(ctx.store, &dl, "requeuing").await?;
+            }
+            vec![dl]
+        }
         None => {
             check_perspective(ctx.store, perspective).await?;
             let mut all = ctx
@@ -66,22 +77,34 @@ pub(super) async fn run(ctx: &Ctx<'_>, args: RequeueArgs) -> Result<Value, Failu
 
     let mut items = Vec::with_capacity(count);
     let mut requeued = 0;
+    let mut queued = 0;
     for d in &letters {
-        let done = requeue(ctx.store, d, &actor, &confirmed)
-            .await
-            .map_err(|e| output::store_failure(&e).with("requeued", requeued))?;
-        if done {
-            requeued += 1;
-            ctx.ui
-                .say(msg::requeued_one(d.global_position, &d.perspective_name));
-            items.push(item(d, "requeued"));
-        } else {
-            // A single position that lost the race gets the race message alone, below.
-            if args.position.is_none() {
-                ctx.ui
-                    .say(msg::skipped_one(d.global_position, &d.perspective_name));
+        let (n, p) = (d.global_position, d.perspective_name.as_str());
+        match requeue(ctx.store, d, &actor, &confirmed).await {
+            Ok(true) => {
+                requeued += 1;
+                ctx.ui.say(msg::requeued_one(n, p));
+                items.push(item(d, "requeued"));
             }
-            items.push(item(d, "no_longer_dead_lettered"));
+            Ok(false) => {
+                // A single position that lost the race gets the race message alone, below.
+                if args.position.is_none() {
+                    ctx.ui.say(msg::skipped_one(n, p));
+                }
+                items.push(item(d, "no_longer_dead_lettered"));
+            }
+            Err(e) if e.is_already_queued() => {
+                if args.position.is_some() {
+                    return Err(Failure::usage(msg::already_queued(n, p, "requeuing")));
+                }
+                queued += 1;
+                ctx.ui.say(msg::skipped_queued(n, p));
+                items.push(item(d, "already_queued"));
+            }
+            Err(e) if e.is_rebuild_in_progress() => {
+                return Err(Failure::usage(msg::being_rebuilt(p)).with("requeued", requeued));
+            }
+            Err(e) => return Err(output::store_failure(&e).with("requeued", requeued)),
         }
     }
 
@@ -90,7 +113,15 @@ pub(super) async fn run(ctx: &Ctx<'_>, args: RequeueArgs) -> Result<Value, Failu
         Some(n) if requeued == 0 => Err(Failure::usage(msg::race(n))),
         _ if requeued < count => {
             ctx.ui.say(msg::requeued_total(requeued, count));
-            let mut failure = Failure::usage(msg::requeue_partial(count - requeued, count));
+            let lost = count - requeued - queued;
+            let mut message = Vec::new();
+            if lost > 0 {
+                message.push(msg::requeue_partial(lost, count));
+            }
+            if queued > 0 {
+                message.push(msg::requeue_partial_queued(queued, count));
+            }
+            let mut failure = Failure::usage(message.join(" "));
             if let Value::Object(m) = data {
                 failure.data = m;
             }
@@ -112,7 +143,8 @@ fn describe(d: &DeadLetter) -> String {
     )
 }
 
-/// The compare-and-set; false if the dead letter was no longer open.
+/// The compare-and-set; false if the dead letter was no longer open; an error if its event is
+/// already queued or its perspective is being rebuilt (nothing changed).
 async fn requeue(
     store: &Store,
     dl: &DeadLetter,
