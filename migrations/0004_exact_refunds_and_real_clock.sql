@@ -13,7 +13,8 @@
 -- * deregister_instance skips rows it cannot lock and waits at most 2 s for any lock, so a
 --   graceful exit can never hang on a transaction that is still rolling back.
 --
--- The claim functions are redefined whole (CREATE OR REPLACE): only their lease UPDATEs change.
+-- The claim functions are redefined whole (CREATE OR REPLACE) from their 0003 text: only their
+-- lease UPDATEs change.
 
 ALTER TABLE wh_perspective_events
     ADD COLUMN refundable boolean NOT NULL DEFAULT false;
@@ -44,7 +45,10 @@ DECLARE
 BEGIN
     SELECT array_agg(p.perspective_name ORDER BY random()) INTO v_names
     FROM wh_perspectives p
-    WHERE p_perspective_names IS NULL OR p.perspective_name = ANY (p_perspective_names);
+    -- As in 0003: skip a perspective being rebuilt (see wh_perspective_lock_key); the shared
+    -- lock is held until the claim commits.
+    WHERE (p_perspective_names IS NULL OR p.perspective_name = ANY (p_perspective_names))
+      AND pg_try_advisory_xact_lock_shared(wh_perspective_lock_key(p.perspective_name));
     IF v_names IS NULL OR p_max_streams <= 0 THEN
         RETURN;
     END IF;
@@ -172,7 +176,9 @@ DECLARE
 BEGIN
     SELECT array_agg(p.perspective_name) INTO v_names
     FROM wh_perspectives p
-    WHERE p_perspective_names IS NULL OR p.perspective_name = ANY (p_perspective_names);
+    -- As in 0003: skip a perspective being rebuilt.
+    WHERE (p_perspective_names IS NULL OR p.perspective_name = ANY (p_perspective_names))
+      AND pg_try_advisory_xact_lock_shared(wh_perspective_lock_key(p.perspective_name));
     IF v_names IS NULL OR coalesce(cardinality(p_stream_ids), 0) = 0 OR v_limit <= 0 THEN
         RETURN;
     END IF;
