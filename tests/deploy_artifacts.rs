@@ -1,8 +1,11 @@
-//! The deploy artefacts (`deploy/`) against the code: every metric the Grafana dashboard and the
-//! Prometheus alerts use is one the daemon really exports on `/metrics`; the dashboard's data
-//! source is a variable; orchestrators wait longer than `worker.shutdown_grace`; the example
-//! configurations load; and the daemon's role from `privileges.sql` can do the daemon's work
-//! without being able to create anything.
+//! The deploy artefacts (`deploy/`) against the code, read with real parsers (JSON, YAML): every
+//! metric the Grafana dashboard and the Prometheus alerts use is one the daemon really exports
+//! on `/metrics`; the dashboard's data source is a variable; the Kubernetes manifests fit the
+//! daemon (probe paths it serves, its port, its config file, a grace period above
+//! `worker.shutdown_grace` + 15 s) and each other, and lock the container down; and the
+//! daemon's role from `privileges.sql` can do the daemon's work without being able to create
+//! anything. The systemd unit and the Prometheus files are checked by their own tools in
+//! `deploy_tools`, the alerts and dashboard against a real Prometheus in `deploy_prometheus`.
 
 mod common;
 mod deploy_support;
