@@ -1,22 +1,27 @@
-//! The deploy artefacts (`deploy/`) against the code: every metric the Grafana dashboard and the
-//! Prometheus alerts use is one the daemon really exports on `/metrics`; the dashboard's data
-//! source is a variable; orchestrators wait longer than `worker.shutdown_grace`; the example
-//! configurations load; and the daemon's role from `privileges.sql` can do the daemon's work
-//! without being able to create anything.
+//! The deploy artefacts (`deploy/`) against the code, read with real parsers (JSON, YAML): every
+//! metric the Grafana dashboard and the Prometheus alerts use is one the daemon really exports
+//! on `/metrics`; the dashboard's data source is a variable; the Kubernetes manifests fit the
+//! daemon (probe paths it serves, its port, its config file, a grace period above
+//! `worker.shutdown_grace` + 15 s) and each other, and lock the container down; and the
+//! daemon's role from `privileges.sql` can do the daemon's work without being able to create
+//! anything. The systemd unit and the Prometheus files are checked by their own tools in
+//! `deploy_tools`, the alerts and dashboard against a real Prometheus in `deploy_prometheus`.
 
 mod common;
+mod deploy_support;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
+use deploy_support::{self as ds, at, seq_at, str_at};
 use serde_json::Value;
+use serde_yaml_ng::Value as Yaml;
 use sqlx::{Connection, PgConnection, Row};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
-use vantage::config::{ConfigError, Settings};
+use vantage::config::Settings;
 use vantage::store::{Store, StoreOptions};
 use vantage::telemetry::http::{self, Health, HttpState};
 use vantage::telemetry::metrics as m;
@@ -24,11 +29,6 @@ use vantage::telemetry::recorder;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
-
-fn read_deploy(rel: &str) -> String {
-    let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), "deploy", rel].iter().collect();
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
-}
 
 /// One HTTP/1.1 GET over a plain TCP stream: (status, head, body).
 async fn http_get(addr: SocketAddr, path: &str) -> (u16, String, String) {
@@ -139,91 +139,6 @@ fn dashboard_exprs(dashboard: &Value) -> Vec<String> {
     out
 }
 
-/// The `expr:` values of a Prometheus rule file, single-line or block scalars (`|`, `>-`, …),
-/// without a YAML parser.
-fn alert_exprs(yaml: &str) -> Vec<String> {
-    let lines: Vec<&str> = yaml.lines().collect();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < lines.len() {
-        let line = lines[i];
-        let trimmed = line.trim_start().trim_start_matches("- ");
-        i += 1;
-        let Some(value) = trimmed.strip_prefix("expr:") else {
-            continue;
-        };
-        let value = value.trim();
-        if value.starts_with('|') || value.starts_with('>') {
-            let key_indent = line.len() - line.trim_start().len();
-            let mut block = Vec::new();
-            while i < lines.len() {
-                let next = lines[i];
-                let indent = next.len() - next.trim_start().len();
-                if !next.trim().is_empty() && indent <= key_indent {
-                    break;
-                }
-                block.push(next.trim());
-                i += 1;
-            }
-            out.push(block.join("\n").trim().to_owned());
-        } else {
-            let unquoted = value
-                .strip_prefix('"')
-                .and_then(|v| v.strip_suffix('"'))
-                .or_else(|| value.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))
-                .unwrap_or(value);
-            out.push(unquoted.to_owned());
-        }
-    }
-    out
-}
-
-/// The value of `key: value` on the first line that has it (YAML or TOML-ish), trimmed.
-fn first_value<'a>(text: &'a str, key: &str, separator: char) -> Option<&'a str> {
-    text.lines().find_map(|line| {
-        let line = line.trim();
-        if line.starts_with('#') {
-            return None;
-        }
-        let (k, v) = line.split_once(separator)?;
-        (k.trim() == key).then(|| v.trim())
-    })
-}
-
-/// A systemd time span: bare seconds or humantime units (`45s`, `1min 30s`).
-fn systemd_duration(value: &str) -> Duration {
-    value
-        .parse::<u64>()
-        .map(Duration::from_secs)
-        .or_else(|_| humantime::parse_duration(value))
-        .unwrap_or_else(|e| panic!("cannot read systemd time span {value:?}: {e}"))
-}
-
-/// The literal block (`key: |`) under `key` in a YAML file, de-indented.
-fn yaml_block(yaml: &str, key: &str) -> String {
-    let lines: Vec<&str> = yaml.lines().collect();
-    let start = lines
-        .iter()
-        .position(|l| l.trim_start().starts_with(&format!("{key}: |")))
-        .unwrap_or_else(|| panic!("no `{key}: |` block"));
-    let key_indent = lines[start].len() - lines[start].trim_start().len();
-    let body: Vec<&str> = lines[start + 1..]
-        .iter()
-        .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > key_indent)
-        .copied()
-        .collect();
-    let indent = body
-        .iter()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| l.len() - l.trim_start().len())
-        .min()
-        .unwrap_or(0);
-    body.iter()
-        .map(|l| l.get(indent..).unwrap_or(""))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 // ---------------------------------------------------------------------------------------------
 // Metrics: exported, described, and the only ones dashboards and alerts use
 
@@ -272,15 +187,15 @@ async fn dashboard_and_alerts_use_only_metrics_the_daemon_exports() {
         );
     }
 
-    let dashboard: Value = serde_json::from_str(&read_deploy("grafana/vantage-dashboard.json"))
+    let dashboard: Value = serde_json::from_str(&ds::read_deploy("grafana/vantage-dashboard.json"))
         .expect("dashboard JSON");
-    let alerts = read_deploy("prometheus/vantage-alerts.yaml");
+    let alerts = ds::prometheus_exprs(&ds::yaml_deploy("prometheus/vantage-alerts.yaml"));
     let sources = [
         (
             "grafana/vantage-dashboard.json",
             dashboard_exprs(&dashboard),
         ),
-        ("prometheus/vantage-alerts.yaml", alert_exprs(&alerts)),
+        ("prometheus/vantage-alerts.yaml", alerts.clone()),
     ];
     let mut used = BTreeSet::new();
     for (file, exprs) in &sources {
@@ -319,7 +234,7 @@ async fn dashboard_and_alerts_use_only_metrics_the_daemon_exports() {
             "the dashboard has no panel for {needed}"
         );
     }
-    let alert_text = alert_exprs(&alerts).join("\n");
+    let alert_text = alerts.join("\n");
     for needed in [
         m::DEAD_LETTER_MOVES_TOTAL,
         m::OLDEST_PENDING_AGE_SECONDS,
@@ -348,9 +263,6 @@ fn promql_helpers_find_metric_names() {
         m::APPLY_DURATION_SECONDS
     );
     assert_eq!(metric_of(m::EVENTS_APPLIED_TOTAL), m::EVENTS_APPLIED_TOTAL);
-
-    let yaml = "rules:\n  - alert: A\n    expr: up == 0\n  - alert: B\n    expr: |\n      sum(x)\n      > 1\n    for: 5m\n  - expr: \"quoted\"\n";
-    assert_eq!(alert_exprs(yaml), ["up == 0", "sum(x)\n> 1", "quoted"]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -358,7 +270,7 @@ fn promql_helpers_find_metric_names() {
 
 #[test]
 fn dashboard_datasource_is_a_template_variable() {
-    let dashboard: Value = serde_json::from_str(&read_deploy("grafana/vantage-dashboard.json"))
+    let dashboard: Value = serde_json::from_str(&ds::read_deploy("grafana/vantage-dashboard.json"))
         .expect("dashboard JSON");
     let is_variable = |s: &str| s == "${datasource}" || s == "$datasource";
 
@@ -429,69 +341,361 @@ fn dashboard_datasource_is_a_template_variable() {
 // ---------------------------------------------------------------------------------------------
 // Orchestrators, configuration examples
 
-#[test]
-fn orchestrators_wait_longer_than_the_shutdown_grace() {
-    let default_grace = Settings::default().worker.shutdown_grace;
-    assert_eq!(default_grace, Duration::from_secs(30));
+/// What the daemon may take beyond `worker.shutdown_grace` to stop (releasing leases,
+/// deregistering, closing the pool: about 10 s in the worst case), plus a margin. The systemd
+/// unit's TimeoutStopSec is checked against the same margin in deploy_tools.
+const SHUTDOWN_OVERHEAD: Duration = Duration::from_secs(15);
 
-    // Kubernetes.
-    let deployment = read_deploy("kubernetes/deployment.yaml");
-    let configured = Settings::from_toml_str(&yaml_block(
-        &read_deploy("kubernetes/configmap.yaml"),
-        "vantage.toml",
-    ))
-    .expect("the ConfigMap's vantage.toml is a valid configuration");
-    let grace: u64 = first_value(&deployment, "terminationGracePeriodSeconds", ':')
-        .expect("terminationGracePeriodSeconds")
-        .parse()
-        .expect("a number of seconds");
-    for shutdown_grace in [default_grace, configured.worker.shutdown_grace] {
-        assert!(
-            Duration::from_secs(grace) > shutdown_grace,
-            "terminationGracePeriodSeconds ({grace}) must exceed shutdown_grace ({shutdown_grace:?})"
+/// Kinds (and their apiVersion) the manifests may use: those of Kubernetes itself, kustomize
+/// and the Prometheus Operator, at their stable versions.
+const KNOWN_KINDS: &[(&str, &str)] = &[
+    ("v1", "ConfigMap"),
+    ("v1", "Secret"),
+    ("v1", "Service"),
+    ("apps/v1", "Deployment"),
+    ("policy/v1", "PodDisruptionBudget"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
+];
+
+/// Every manifest of deploy/kubernetes, parsed: file name → document.
+fn kubernetes_manifests() -> std::collections::BTreeMap<String, Yaml> {
+    let dir = ds::deploy_path("kubernetes");
+    let mut out = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(&dir).expect("deploy/kubernetes") {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.ends_with(".yaml") || name.ends_with(".yml") {
+            let doc = ds::yaml_deploy(&format!("kubernetes/{name}"));
+            out.insert(name, doc);
+        }
+    }
+    out
+}
+
+/// The `key: value` pairs of a label map.
+fn labels(value: &Yaml, file: &str, path: &[&str]) -> std::collections::BTreeMap<String, String> {
+    at(value, file, path)
+        .as_mapping()
+        .unwrap_or_else(|| panic!("{file}: `{}` is not a map", path.join(".")))
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().expect("label key").to_owned(),
+                v.as_str().expect("label value").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Whether every label of `selector` is on `target`.
+fn selects(
+    selector: &std::collections::BTreeMap<String, String>,
+    target: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    !selector.is_empty() && selector.iter().all(|(k, v)| target.get(k) == Some(v))
+}
+
+/// A container's or pod's `securityContext` must lock the process down.
+fn assert_locked_down(container: &Yaml, file: &str) {
+    let name = str_at(container, file, &["name"]);
+    let sc = at(container, file, &["securityContext"]);
+    for (key, want) in [
+        ("allowPrivilegeEscalation", false),
+        ("readOnlyRootFilesystem", true),
+        ("runAsNonRoot", true),
+    ] {
+        assert_eq!(
+            sc.get(key).and_then(Yaml::as_bool),
+            Some(want),
+            "{file}: container {name}: securityContext.{key} must be {want}"
         );
     }
-    for probe in [
-        "path: /healthz",
-        "path: /readyz",
-        "port: http-metrics",
-        "name: http-metrics",
+    let dropped: Vec<&str> = seq_at(sc, file, &["capabilities", "drop"])
+        .iter()
+        .filter_map(Yaml::as_str)
+        .collect();
+    assert_eq!(
+        dropped,
+        ["ALL"],
+        "{file}: container {name} must drop ALL capabilities"
+    );
+    let resources = at(container, file, &["resources"]);
+    for path in [
+        ["requests", "cpu"],
+        ["requests", "memory"],
+        ["limits", "memory"],
     ] {
         assert!(
-            deployment.contains(probe),
-            "deployment.yaml lacks `{probe}`"
+            resources
+                .get(path[0])
+                .and_then(|r| r.get(path[1]))
+                .is_some(),
+            "{file}: container {name} has no resources.{}",
+            path.join(".")
         );
     }
-    assert!(deployment.contains("containerPort: 9464"));
-    assert!(deployment.contains("value: \"0.0.0.0:9464\""));
-    assert!(deployment.contains("secretKeyRef"));
-    assert!(deployment.contains("mountPath: /etc/vantage"));
+}
 
-    // systemd.
-    let unit = read_deploy("systemd/vantage.service");
-    let configured = Settings::from_toml_str(&read_deploy("systemd/vantage.toml.example"))
-        .expect("systemd/vantage.toml.example is a valid configuration");
-    assert_eq!(first_value(&unit, "Type", '='), Some("notify"));
-    let watchdog = systemd_duration(first_value(&unit, "WatchdogSec", '=').expect("WatchdogSec="));
-    assert!(watchdog > Duration::ZERO, "WatchdogSec must be set");
-    let stop =
-        systemd_duration(first_value(&unit, "TimeoutStopSec", '=').expect("TimeoutStopSec="));
+#[tokio::test]
+async fn kubernetes_manifests_fit_the_daemon_and_each_other() {
+    let manifests = kubernetes_manifests();
+    let kustomization = &manifests["kustomization.yaml"];
+    let listed: BTreeSet<&str> = seq_at(kustomization, "kustomization.yaml", &["resources"])
+        .iter()
+        .map(|r| r.as_str().expect("resource path"))
+        .collect();
+    for (file, doc) in &manifests {
+        let api = str_at(doc, file, &["apiVersion"]);
+        let kind = str_at(doc, file, &["kind"]);
+        assert!(
+            KNOWN_KINDS.contains(&(api, kind)),
+            "{file}: unknown apiVersion/kind {api}/{kind}"
+        );
+        if kind != "Kustomization" {
+            str_at(doc, file, &["metadata", "name"]);
+            assert_eq!(
+                str_at(doc, file, &["metadata", "labels", "app.kubernetes.io/name"]),
+                "vantage",
+                "{file}: labels"
+            );
+        }
+        // Everything is applied by `kubectl apply -k`, except the example Secret (on purpose).
+        if kind != "Kustomization" && file != "secret.example.yaml" {
+            assert!(
+                listed.contains(file.as_str()),
+                "kustomization.yaml does not list {file}"
+            );
+        }
+    }
+    for resource in &listed {
+        assert!(
+            manifests.contains_key(*resource),
+            "kustomization.yaml lists missing {resource}"
+        );
+    }
+    assert!(
+        !listed.contains("secret.example.yaml"),
+        "the example Secret must not be applied"
+    );
+
+    let f = "deployment.yaml";
+    let deployment = &manifests[f];
+    let pod = at(deployment, f, &["spec", "template", "spec"]);
+    let pod_labels = labels(deployment, f, &["spec", "template", "metadata", "labels"]);
+    assert!(
+        selects(
+            &labels(deployment, f, &["spec", "selector", "matchLabels"]),
+            &pod_labels
+        ),
+        "{f}: the selector does not select the pod template"
+    );
+
+    // Shutdown: the kubelet waits for the daemon's worst case.
+    let configmap = &manifests["configmap.yaml"];
+    let config_key = "vantage.toml";
+    let configured =
+        Settings::from_toml_str(str_at(configmap, "configmap.yaml", &["data", config_key]))
+            .expect("the ConfigMap's vantage.toml is a valid configuration");
+    let default_grace = Settings::default().worker.shutdown_grace;
+    assert_eq!(default_grace, Duration::from_secs(30));
+    let grace = at(pod, f, &["terminationGracePeriodSeconds"])
+        .as_u64()
+        .expect("terminationGracePeriodSeconds is a number of seconds");
     for shutdown_grace in [default_grace, configured.worker.shutdown_grace] {
         assert!(
-            stop > shutdown_grace,
-            "TimeoutStopSec ({stop:?}) must exceed shutdown_grace ({shutdown_grace:?})"
+            Duration::from_secs(grace) > shutdown_grace + SHUTDOWN_OVERHEAD,
+            "terminationGracePeriodSeconds ({grace}) must exceed worker.shutdown_grace \
+             ({shutdown_grace:?}) + {SHUTDOWN_OVERHEAD:?}, or the kubelet SIGKILLs a draining daemon"
         );
     }
-    assert_eq!(first_value(&unit, "KillSignal", '='), Some("SIGTERM"));
-    assert_eq!(first_value(&unit, "Restart", '='), Some("on-failure"));
+
+    // Non-root, read-only, no capabilities, resources set; for the init container too.
+    let pod_sc = at(pod, f, &["securityContext"]);
     assert_eq!(
-        first_value(&unit, "RestartPreventExitStatus", '='),
-        Some(ConfigError::EXIT_CODE.to_string().as_str())
+        pod_sc.get("runAsNonRoot").and_then(Yaml::as_bool),
+        Some(true)
     );
+    let uid = at(pod_sc, f, &["runAsUser"]).as_u64().expect("runAsUser");
+    assert_ne!(uid, 0, "{f}: runAsUser must not be root");
     assert_eq!(
-        first_value(&unit, "ExecStart", '='),
-        Some("/usr/local/bin/vantage run --config /etc/vantage/vantage.toml")
+        at(pod, f, &["automountServiceAccountToken"]).as_bool(),
+        Some(false),
+        "{f}: the daemon needs no Kubernetes API token"
     );
+    let init = seq_at(pod, f, &["initContainers"]);
+    let containers = seq_at(pod, f, &["containers"]);
+    for container in init.iter().chain(containers) {
+        assert_locked_down(container, f);
+    }
+
+    // The daemon's container: the config file from the ConfigMap, the URL from the Secret,
+    // HTTP on the port the probes, the Service and the ServiceMonitor use.
+    let daemon = containers
+        .iter()
+        .find(|c| c["name"] == Yaml::String("vantage".into()))
+        .expect("a container named vantage");
+    let args: Vec<&str> = seq_at(daemon, f, &["args"])
+        .iter()
+        .filter_map(Yaml::as_str)
+        .collect();
+    assert_eq!(
+        args.first(),
+        Some(&"run"),
+        "{f}: the container runs `vantage run`"
+    );
+    let config_path = args
+        .windows(2)
+        .find(|w| w[0] == "--config")
+        .map(|w| w[1])
+        .expect("--config PATH");
+    let config_volume = seq_at(pod, f, &["volumes"])
+        .iter()
+        .find(|v| v.get("configMap").is_some())
+        .expect("a ConfigMap volume");
+    assert_eq!(
+        str_at(config_volume, f, &["configMap", "name"]),
+        str_at(configmap, "configmap.yaml", &["metadata", "name"])
+    );
+    let mount = seq_at(daemon, f, &["volumeMounts"])
+        .iter()
+        .find(|m| m["name"] == config_volume["name"])
+        .expect("the ConfigMap volume is mounted");
+    assert_eq!(
+        format!("{}/{config_key}", str_at(mount, f, &["mountPath"])),
+        config_path,
+        "{f}: --config must name the ConfigMap's {config_key}"
+    );
+
+    let secret = &manifests["secret.example.yaml"];
+    let secret_name = str_at(secret, "secret.example.yaml", &["metadata", "name"]);
+    let env_of = |container: &Yaml, name: &str| -> Yaml {
+        seq_at(container, f, &["env"])
+            .iter()
+            .find(|e| e["name"] == Yaml::String(name.into()))
+            .unwrap_or_else(|| panic!("{f}: no env {name}"))
+            .clone()
+    };
+    for container in init.iter().chain(std::iter::once(daemon)) {
+        let url = env_of(container, "DATABASE_URL");
+        let secret_ref = at(&url, f, &["valueFrom", "secretKeyRef"]);
+        assert_eq!(str_at(secret_ref, f, &["name"]), secret_name);
+        let key = str_at(secret_ref, f, &["key"]);
+        assert!(
+            secret.get("stringData").and_then(|d| d.get(key)).is_some(),
+            "{f}: DATABASE_URL comes from key {key}, which secret.example.yaml lacks"
+        );
+    }
+
+    let listen: SocketAddr = str_at(&env_of(daemon, "VANTAGE__HTTP__LISTEN"), f, &["value"])
+        .parse()
+        .expect("VANTAGE__HTTP__LISTEN is an address");
+    assert!(
+        listen.ip().is_unspecified(),
+        "{f}: the probes and Prometheus reach the pod from outside: listen on 0.0.0.0"
+    );
+    let port = seq_at(daemon, f, &["ports"])
+        .iter()
+        .find(|p| at(p, f, &["containerPort"]).as_u64() == Some(u64::from(listen.port())))
+        .unwrap_or_else(|| panic!("{f}: no containerPort {}", listen.port()));
+    let port_name = str_at(port, f, &["name"]);
+
+    // Probes: on that port, at paths the daemon serves.
+    let handle = recorder::install().expect("install the recorder");
+    let (listener, addr) = http::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .expect("bind port 0");
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(http::serve_on(
+        listener,
+        HttpState::new(handle, Health::new()),
+        shutdown.clone(),
+    ));
+    let mut probe_paths = BTreeSet::new();
+    for (probe, want_path) in [
+        ("startupProbe", "/healthz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+    ] {
+        let get = at(daemon, f, &[probe, "httpGet"]);
+        assert_eq!(str_at(get, f, &["port"]), port_name, "{f}: {probe} port");
+        let path = str_at(get, f, &["path"]);
+        assert_eq!(path, want_path, "{f}: {probe} path");
+        probe_paths.insert(path.to_owned());
+    }
+    for path in &probe_paths {
+        let (status, head, _) = http_get(addr, path).await;
+        assert!(
+            status == 200 || status == 503,
+            "the daemon does not serve the probe path {path}: {head}"
+        );
+    }
+
+    // Service: selects the pods, exposes that port by name.
+    let sf = "service.yaml";
+    let service = &manifests[sf];
+    assert!(selects(
+        &labels(service, sf, &["spec", "selector"]),
+        &pod_labels
+    ));
+    let service_port = seq_at(service, sf, &["spec", "ports"])
+        .iter()
+        .find(|p| p.get("targetPort").and_then(Yaml::as_str) == Some(port_name))
+        .unwrap_or_else(|| panic!("{sf}: no port targets {port_name}"));
+    let service_port_name = str_at(service_port, sf, &["name"]);
+
+    // ServiceMonitor: selects the Service and scrapes its port by name, at /metrics.
+    let mf = "servicemonitor.yaml";
+    let monitor = &manifests[mf];
+    assert!(
+        selects(
+            &labels(monitor, mf, &["spec", "selector", "matchLabels"]),
+            &labels(service, sf, &["metadata", "labels"])
+        ),
+        "{mf}: the selector does not select the Service"
+    );
+    let endpoints = seq_at(monitor, mf, &["spec", "endpoints"]);
+    assert!(!endpoints.is_empty());
+    for endpoint in endpoints {
+        assert_eq!(
+            str_at(endpoint, mf, &["port"]),
+            service_port_name,
+            "{mf}: endpoints must name the Service's port"
+        );
+        let path = str_at(endpoint, mf, &["path"]);
+        let (status, head, _) = http_get(addr, path).await;
+        assert_eq!(status, 200, "{mf} scrapes {path}: {head}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-type: text/plain; version=0.0.4"),
+            "{head}"
+        );
+    }
+    shutdown.cancel();
+    server
+        .await
+        .expect("server task")
+        .expect("server stops cleanly");
+
+    // PodDisruptionBudget: selects the pods.
+    let pf = "poddisruptionbudget.yaml";
+    assert!(selects(
+        &labels(&manifests[pf], pf, &["spec", "selector", "matchLabels"]),
+        &pod_labels
+    ));
+
+    // The image the kustomization pins is the one the containers use.
+    let images: BTreeSet<&str> = seq_at(kustomization, "kustomization.yaml", &["images"])
+        .iter()
+        .map(|i| str_at(i, "kustomization.yaml", &["name"]))
+        .collect();
+    for container in init.iter().chain(containers) {
+        let image = str_at(container, f, &["image"]);
+        let name = image.rsplit_once(':').map_or(image, |(n, _)| n);
+        assert!(
+            images.contains(name),
+            "{f}: image {image} is not in kustomization images"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -523,7 +727,7 @@ async fn privileges_sql_lets_the_daemon_work_without_owning_anything() {
     let producer = format!("vt_producer_{suffix}");
     let operator = format!("vt_operator_{suffix}");
     let password = Uuid::new_v4().simple().to_string();
-    let script = read_deploy("postgres/privileges.sql")
+    let script = ds::read_deploy("postgres/privileges.sql")
         .replace("vantage_daemon", &daemon)
         .replace("vantage_producer", &producer)
         .replace("vantage_operator", &operator);
