@@ -10,6 +10,8 @@
 --   now(): now() is the start of the transaction, and a failure recorded late in a long batch
 --   got a backoff that had already (mostly) run out.
 -- * note_perspective_event_error keeps the last error of a row given back uncharged.
+-- * move_to_dead_letters with an instance id moves only rows leased to that instance (NULL =
+--   an operator, unfenced), like every other change made on behalf of a lease.
 -- * deregister_instance skips rows it cannot lock and waits at most 2 s for any lock, so a
 --   graceful exit can never hang on a transaction that is still rolling back.
 --
@@ -416,4 +418,76 @@ AS $$
     gone AS (
         DELETE FROM wh_service_instances si WHERE si.instance_id = p_instance_id RETURNING 1)
     SELECT count(*)::int FROM released;
+$$;
+
+-- Redefined from its 0003 text; only the fence changes.
+CREATE OR REPLACE FUNCTION move_to_dead_letters(
+    p_dead_letter_id uuid,
+    p_source_table text,
+    p_source_id uuid,
+    p_failure_reason text,
+    p_error_text text,
+    p_instance_id uuid)
+RETURNS uuid
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_id uuid;
+    v_perspective text;
+BEGIN
+    IF p_source_table IS DISTINCT FROM 'wh_perspective_events' THEN
+        RAISE EXCEPTION 'move_to_dead_letters: unknown source table %', coalesce(p_source_table, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+
+    SELECT pe.perspective_name INTO v_perspective
+    FROM wh_perspective_events pe
+    WHERE pe.event_work_id = p_source_id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    PERFORM wh_lock_perspective_shared(v_perspective);
+
+    WITH src AS (
+        DELETE FROM wh_perspective_events pe
+        WHERE pe.event_work_id = p_source_id
+          -- 0004: a caller that names its instance moves only rows leased to it (before, also
+          -- unleased rows: a fenced-out worker could dead-letter a row a rebuild had taken back).
+          AND (p_instance_id IS NULL OR pe.instance_id = p_instance_id)
+        RETURNING pe.*),
+    dl AS (
+        INSERT INTO wh_dead_letters AS d
+            (dead_letter_id, source_table, source_id, stream_id, event_id, global_position,
+             stream_version, event_type, perspective_name, failure_reason, error_text,
+             attempts_when_dlq, failures_when_dlq, dead_lettered_at, dead_lettered_by,
+             status, status_changed_at)
+        SELECT coalesce(p_dead_letter_id, gen_random_uuid()), p_source_table, src.event_work_id,
+               src.stream_id, src.event_id, src.global_position, src.stream_version,
+               ev.event_type, src.perspective_name, p_failure_reason,
+               nullif(concat_ws(E'\n', p_error_text,
+                                CASE WHEN src.last_error IS NOT NULL
+                                     THEN 'last error: ' || src.last_error END), ''),
+               src.attempts, src.failures, now(), p_instance_id, 'exhausted', now()
+        FROM src
+        LEFT JOIN wh_event_store ev ON ev.global_position = src.global_position
+        ON CONFLICT (source_table, perspective_name, event_id) WHERE status <> 'purged' DO UPDATE
+            SET source_id = EXCLUDED.source_id,
+                failure_reason = EXCLUDED.failure_reason,
+                error_text = EXCLUDED.error_text,
+                attempts_when_dlq = EXCLUDED.attempts_when_dlq,
+                failures_when_dlq = EXCLUDED.failures_when_dlq,
+                dead_lettered_at = EXCLUDED.dead_lettered_at,
+                dead_lettered_by = EXCLUDED.dead_lettered_by,
+                status = 'exhausted',
+                status_changed_at = now()
+        RETURNING d.dead_letter_id, d.error_text),
+    hist AS (
+        INSERT INTO wh_dead_letter_history (dead_letter_id, kind, actor, detail)
+        SELECT dl.dead_letter_id, 'Exhausted',
+               coalesce('instance ' || p_instance_id::text, 'vantage'),
+               p_failure_reason || coalesce(': ' || dl.error_text, '')
+        FROM dl)
+    SELECT dl.dead_letter_id INTO v_id FROM dl;
+    RETURN v_id;
+END
 $$;

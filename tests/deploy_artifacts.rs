@@ -868,14 +868,7 @@ async fn exercise_roles(
             "SELECT release_unstarted_leases($1, ($2)[3:3])",
         ),
     ];
-    for (what, sql) in calls {
-        sqlx::query(sql)
-            .bind(instance)
-            .bind(&ids)
-            .execute(pool)
-            .await
-            .map_err(step(what))?;
-    }
+    // Moved while still leased to the daemon (moves are fenced on the lease holder).
     let dead_letter: Option<Uuid> = sqlx::query_scalar(
         "SELECT move_to_dead_letters(gen_random_uuid(), 'wh_perspective_events', $1, 'MaxAttemptsExceeded', 'test', $2)",
     )
@@ -885,6 +878,14 @@ async fn exercise_roles(
     .await
     .map_err(step("move_to_dead_letters"))?;
     let dead_letter = dead_letter.ok_or("move_to_dead_letters returned NULL")?;
+    for (what, sql) in calls {
+        sqlx::query(sql)
+            .bind(instance)
+            .bind(&ids)
+            .execute(pool)
+            .await
+            .map_err(step(what))?;
+    }
 
     // What the metrics sampler and `vantage status` read.
     for (what, sql) in [

@@ -734,3 +734,39 @@ E = "INSERT INTO gone_applied (stream_id) VALUES ($2)"
         "shutdown with the database gone took {took:?} (grace 20 s, no batch in flight)"
     );
 }
+
+/// Every change made on behalf of a lease is fenced: a move that names an instance moves only
+/// rows leased to it (before, an unleased row moved too, so a fenced-out worker could dead-letter
+/// a row a rebuild had taken back). An operator's move (no instance) is not fenced.
+#[tokio::test]
+async fn a_move_on_behalf_of_a_lease_only_moves_rows_leased_to_it() {
+    use vantage::store::MoveOutcome;
+    let env = env().await;
+    register(&env, "fenced", &["E"]).await;
+    append(&env, Uuid::new_v4(), &["E"]).await;
+    let work_id: Uuid = sqlx::query_scalar("SELECT event_work_id FROM wh_perspective_events")
+        .fetch_one(env.store.pool())
+        .await
+        .unwrap();
+    let instance = InstanceId::new();
+    let moved = env
+        .store
+        .move_to_dead_letters(work_id, "MaxAttemptsExceeded", "test", Some(instance))
+        .await
+        .unwrap();
+    assert_eq!(
+        moved,
+        MoveOutcome::AlreadyGone,
+        "an unleased row is not ours to move"
+    );
+    assert_eq!(
+        scalar_i64(&env, "SELECT count(*) FROM wh_perspective_events").await,
+        1
+    );
+    let moved = env
+        .store
+        .move_to_dead_letters(work_id, "MaxAttemptsExceeded", "test", None)
+        .await
+        .unwrap();
+    assert!(matches!(moved, MoveOutcome::Moved(_)));
+}

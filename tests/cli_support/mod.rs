@@ -203,7 +203,8 @@ impl Env {
     }
 
     /// Dead-letters the work row of (`perspective`, `position`) the way the daemon's pre-filter
-    /// does after the 11th claim: attempts 11, 10 failures, the last error on the row.
+    /// does after the 11th claim: leased to our instance, attempts 11, 10 failures, the last
+    /// error on the row.
     pub async fn dead_letter(&self, perspective: &str, position: i64, reason: &str) -> Uuid {
         let work_id: Uuid = sqlx::query_scalar(
             "SELECT event_work_id FROM wh_perspective_events \
@@ -216,10 +217,12 @@ impl Env {
         .unwrap_or_else(|e| panic!("no work row for {perspective} at {position}: {e}"));
         sqlx::query(
             "UPDATE wh_perspective_events \
-             SET attempts = 11, failures = 10, last_error = 'handler failed: boom' \
+             SET attempts = 11, failures = 10, last_error = 'handler failed: boom', \
+                 instance_id = $2, lease_expiry = now() + interval '1 minute' \
              WHERE event_work_id = $1",
         )
         .bind(work_id)
+        .bind(self.instance.0)
         .execute(self.store.pool())
         .await
         .unwrap();
