@@ -49,15 +49,23 @@ pub struct ListArgs {
     pub json: bool,
 }
 
-/// Options of `vantage dlq inspect`.
+/// Which dead letter: a global position, and the perspective when several gave up on it.
 #[derive(Debug, Clone, Args)]
-pub struct InspectArgs {
+pub struct Target {
     /// The dead-lettered event's global position.
     #[arg(value_name = "POSITION")]
     pub position: i64,
     /// The perspective, when the position is dead-lettered in several.
     #[arg(long, value_name = "NAME")]
     pub perspective: Option<String>,
+}
+
+/// Options of `vantage dlq inspect`.
+#[derive(Debug, Clone, Args)]
+pub struct InspectArgs {
+    /// Which dead letter.
+    #[command(flatten)]
+    pub target: Target,
     /// One JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -66,12 +74,9 @@ pub struct InspectArgs {
 /// Options of `vantage dlq replay`.
 #[derive(Debug, Clone, Args)]
 pub struct ReplayArgs {
-    /// The dead-lettered event's global position.
-    #[arg(value_name = "POSITION")]
-    pub position: i64,
-    /// The perspective, when the position is dead-lettered in several.
-    #[arg(long, value_name = "NAME")]
-    pub perspective: Option<String>,
+    /// Which dead letter.
+    #[command(flatten)]
+    pub target: Target,
     /// Do not ask for confirmation.
     #[arg(long, short = 'y')]
     pub yes: bool,
@@ -83,12 +88,9 @@ pub struct ReplayArgs {
 /// Options of `vantage dlq purge`.
 #[derive(Debug, Clone, Args)]
 pub struct PurgeArgs {
-    /// The dead-lettered event's global position.
-    #[arg(value_name = "POSITION")]
-    pub position: i64,
-    /// The perspective, when the position is dead-lettered in several.
-    #[arg(long, value_name = "NAME")]
-    pub perspective: Option<String>,
+    /// Which dead letter.
+    #[command(flatten)]
+    pub target: Target,
     /// Do not ask for confirmation.
     #[arg(long, short = 'y')]
     pub yes: bool,
@@ -97,15 +99,13 @@ pub struct PurgeArgs {
     pub json: bool,
 }
 
-/// Options of `vantage dlq requeue`.
+/// Options of `vantage dlq requeue`. One position or `--all` is required; a usage error names
+/// both.
 #[derive(Debug, Clone, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["position", "all"])))]
 pub struct RequeueArgs {
     /// The dead-lettered event's global position (or `--all`).
-    #[arg(
-        value_name = "POSITION",
-        required_unless_present = "all",
-        conflicts_with = "all"
-    )]
+    #[arg(value_name = "POSITION")]
     pub position: Option<i64>,
     /// Every open dead letter that matches the filters.
     #[arg(long)]

@@ -87,11 +87,17 @@ pub fn parse_error(e: clap::Error) -> i32 {
             exit::OK
         }
         _ if std::env::args_os().any(|a| a == "--json") => {
+            // clap's first paragraph, on one line: "the following required arguments were not
+            // provided: <POSITION>" (its first line alone would cut the names off).
             let rendered = e.render().to_string();
             let message = rendered
-                .lines()
+                .split("\n\n")
                 .next()
                 .unwrap_or("invalid command line")
+                .lines()
+                .map(str::trim)
+                .collect::<Vec<_>>()
+                .join(" ")
                 .trim_start_matches("error: ")
                 .to_string();
             output::Ui::new(true).finish(Err(output::Failure::usage(message)))

@@ -12,7 +12,13 @@ use crate::store::{DeadLetter, HistoryEntry, StoredEvent};
 const LABEL: usize = 18;
 
 pub(super) async fn run(ctx: &Ctx<'_>, args: InspectArgs) -> Result<Value, Failure> {
-    let dl = resolve(ctx.store, args.position, args.perspective.as_deref(), None).await?;
+    let dl = resolve(
+        ctx.store,
+        args.target.position,
+        args.target.perspective.as_deref(),
+        None,
+    )
+    .await?;
     let event = reread(ctx.store, &dl).await?;
     let history = ctx
         .store

@@ -8,8 +8,8 @@ use crate::cli::output::{self, confirm, operator_actor, Confirmed, Failure};
 use crate::store::{DeadLetter, Store, StoreError};
 
 pub(super) async fn run(ctx: &Ctx<'_>, args: PurgeArgs) -> Result<Value, Failure> {
-    let n = args.position;
-    let dl = resolve(ctx.store, n, args.perspective.as_deref(), None).await?;
+    let n = args.target.position;
+    let dl = resolve(ctx.store, n, args.target.perspective.as_deref(), None).await?;
     let confirmed = confirm(&msg::purge_prompt(n), args.yes).await?;
     if !purge(ctx.store, &dl, &operator_actor(), &confirmed)
         .await

@@ -32,8 +32,8 @@ enum Dispatch {
 }
 
 pub(super) async fn run(ctx: &Ctx<'_>, args: ReplayArgs) -> Result<Value, Failure> {
-    let n = args.position;
-    let dl = resolve(ctx.store, n, args.perspective.as_deref(), None).await?;
+    let n = args.target.position;
+    let dl = resolve(ctx.store, n, args.target.perspective.as_deref(), None).await?;
     let p = dl.perspective_name.clone();
     let Some(settings) = ctx.settings.perspectives.iter().find(|s| s.name == p) else {
         return Err(Failure::usage(msg::no_handler(&p, n)));
