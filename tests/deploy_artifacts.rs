@@ -713,6 +713,62 @@ fn is_permission_denied(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("42501"))
 }
 
+/// The three roles of deploy/postgres/privileges.sql, created for one test under names of their
+/// own (roles are cluster-wide), with a password each.
+struct Roles {
+    daemon: String,
+    producer: String,
+    operator: String,
+    password: String,
+    admin: PgConnection,
+}
+
+impl Roles {
+    async fn create(url: &str) -> Roles {
+        let suffix = &Uuid::new_v4().simple().to_string()[..10];
+        let daemon = format!("vt_daemon_{suffix}");
+        let producer = format!("vt_producer_{suffix}");
+        let operator = format!("vt_operator_{suffix}");
+        let password = Uuid::new_v4().simple().to_string();
+        let script = ds::read_deploy("postgres/privileges.sql")
+            .replace("vantage_daemon", &daemon)
+            .replace("vantage_producer", &producer)
+            .replace("vantage_operator", &operator);
+        let mut admin = PgConnection::connect(url).await.expect("admin connection");
+        sqlx::raw_sql(&script)
+            .execute(&mut admin)
+            .await
+            .expect("privileges.sql runs");
+        // Idempotent: a second run (after the next migration) must succeed too.
+        sqlx::raw_sql(&script)
+            .execute(&mut admin)
+            .await
+            .expect("privileges.sql runs twice");
+        for role in [&daemon, &producer, &operator] {
+            sqlx::raw_sql(&format!("ALTER ROLE {role} PASSWORD '{password}'"))
+                .execute(&mut admin)
+                .await
+                .expect("set password");
+        }
+        Roles {
+            daemon,
+            producer,
+            operator,
+            password,
+            admin,
+        }
+    }
+
+    async fn drop_all(mut self) {
+        for role in [&self.operator, &self.producer, &self.daemon] {
+            let _ = sqlx::raw_sql(&format!("DROP OWNED BY {role}; DROP ROLE IF EXISTS {role}"))
+                .execute(&mut self.admin)
+                .await;
+        }
+        let _ = self.admin.close().await;
+    }
+}
+
 #[tokio::test]
 async fn privileges_sql_lets_the_daemon_work_without_owning_anything() {
     let db = common::fresh_database().await;
@@ -720,46 +776,103 @@ async fn privileges_sql_lets_the_daemon_work_without_owning_anything() {
         .await
         .expect("connect as the test's admin");
     owner.migrate().await.expect("migrate as the owner");
-
-    // Roles are cluster-wide: give them names of their own for this run.
-    let suffix = &Uuid::new_v4().simple().to_string()[..10];
-    let daemon = format!("vt_daemon_{suffix}");
-    let producer = format!("vt_producer_{suffix}");
-    let operator = format!("vt_operator_{suffix}");
-    let password = Uuid::new_v4().simple().to_string();
-    let script = ds::read_deploy("postgres/privileges.sql")
-        .replace("vantage_daemon", &daemon)
-        .replace("vantage_producer", &producer)
-        .replace("vantage_operator", &operator);
-    let mut admin = PgConnection::connect(&db.url)
-        .await
-        .expect("admin connection");
-    sqlx::raw_sql(&script)
-        .execute(&mut admin)
-        .await
-        .expect("privileges.sql runs");
-    // Idempotent: a second run (after the next migration) must succeed too.
-    sqlx::raw_sql(&script)
-        .execute(&mut admin)
-        .await
-        .expect("privileges.sql runs twice");
-    for role in [&daemon, &producer, &operator] {
-        sqlx::raw_sql(&format!("ALTER ROLE {role} PASSWORD '{password}'"))
-            .execute(&mut admin)
-            .await
-            .expect("set password");
-    }
-
-    let outcome = exercise_roles(&db.url, &daemon, &producer, &operator, &password).await;
-
+    let roles = Roles::create(&db.url).await;
+    let outcome = exercise_roles(
+        &db.url,
+        &roles.daemon,
+        &roles.producer,
+        &roles.operator,
+        &roles.password,
+    )
+    .await;
     owner.close().await;
-    for role in [&operator, &producer, &daemon] {
-        let _ = sqlx::raw_sql(&format!("DROP OWNED BY {role}; DROP ROLE IF EXISTS {role}"))
-            .execute(&mut admin)
-            .await;
-    }
-    let _ = admin.close().await;
+    roles.drop_all().await;
     outcome.unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Runs the binary as `role` with `args` (and `input` on stdin); returns (exit code, stderr).
+async fn vantage_as(
+    url: &str,
+    role: &str,
+    password: &str,
+    args: &[&str],
+    input: &str,
+) -> (i32, String) {
+    use std::process::Stdio;
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_vantage"));
+    for (name, _) in std::env::vars_os() {
+        let upper = name.to_string_lossy().to_ascii_uppercase();
+        if upper == "DATABASE_URL" || upper.starts_with("VANTAGE") || upper.starts_with("PG") {
+            cmd.env_remove(&name);
+        }
+    }
+    let mut child = cmd
+        .args(args)
+        .env("DATABASE_URL", as_role(url, role, password))
+        .env("RUST_LOG", "warn")
+        .current_dir(std::env::temp_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn vantage");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("vantage finished within a minute")
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Each documented role runs its documented commands through the real binary (issue #8): the
+/// producer appends, the operator reads status and dead letters and requeues them.
+#[tokio::test]
+async fn each_role_runs_its_documented_commands() {
+    let db = common::fresh_database().await;
+    let owner = Store::connect(&StoreOptions::for_url(&db.url))
+        .await
+        .expect("connect as the test's admin");
+    owner.migrate().await.expect("migrate as the owner");
+    owner
+        .register_perspective("orders", &["OrderPlaced".to_string()])
+        .await
+        .unwrap();
+    let roles = Roles::create(&db.url).await;
+    let (url, pw) = (db.url.as_str(), roles.password.as_str());
+    let line = format!(
+        "{{\"stream_id\": \"{}\", \"event_type\": \"OrderPlaced\", \"data\": {{}}}}\n",
+        Uuid::new_v4()
+    );
+    let mut failures = Vec::new();
+    let runs: Vec<(&str, Vec<&str>, &str)> = vec![
+        (&roles.producer, vec!["append"], line.as_str()),
+        (&roles.operator, vec!["status"], ""),
+        (&roles.operator, vec!["perspectives", "list"], ""),
+        (&roles.operator, vec!["dlq", "list"], ""),
+        (
+            &roles.operator,
+            vec!["dlq", "requeue", "--all", "--yes"],
+            "",
+        ),
+    ];
+    for (role, args, input) in &runs {
+        let (code, stderr) = vantage_as(url, role, pw, args, input).await;
+        if code != 0 {
+            failures.push(format!(
+                "{role}: vantage {} exited {code}: {stderr}",
+                args.join(" ")
+            ));
+        }
+    }
+    owner.close().await;
+    roles.drop_all().await;
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// The daemon's and the producer's work under their own roles; `Err` names the step that failed.

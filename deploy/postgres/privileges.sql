@@ -83,6 +83,8 @@ GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA vantage TO vantage_daemon;
 -- Producers ---------------------------------------------------------------------------------
 
 GRANT USAGE ON SCHEMA vantage TO vantage_producer;
+-- `vantage append` checks that the schema is current before it writes anything.
+GRANT SELECT ON vantage._sqlx_migrations TO vantage_producer;
 -- append_events reads the stream's current version and inserts.
 GRANT SELECT, INSERT ON vantage.wh_event_store TO vantage_producer;
 -- The fan-out trigger reads the registry and inserts one work row per subscribed perspective.

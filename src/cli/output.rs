@@ -150,6 +150,13 @@ pub fn store_failure(e: &StoreError) -> Failure {
         StoreError::Unreachable { target, reason, .. } => {
             Failure::usage(format!("Database unreachable at {target}: {reason}"))
         }
+        // A role without the grants it needs: say where they are written down.
+        StoreError::Database(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42501") => {
+            Failure::usage(format!(
+                "{e}. The database role lacks a privilege this command needs: \
+                 deploy/postgres/privileges.sql lists what each role (daemon, producer, operator) is granted."
+            ))
+        }
         // Store errors never contain the password (see `StoreError`).
         other => Failure::usage(other.to_string()),
     }
