@@ -35,29 +35,7 @@ async fn env() -> Env {
 
 /// Settings for a test daemon: fast timings, the given extra TOML appended.
 fn settings(env: &Env, extra: &str) -> Settings {
-    let toml = format!(
-        r#"
-[database]
-url = "{url}"
-[worker]
-consumers = 2
-batch_size = 200
-max_streams_per_claim = 20
-lease = "10s"
-poll_interval = "50ms"
-retry_backoff_base = "10ms"
-retry_backoff_max = "50ms"
-shutdown_grace = "5s"
-[orphans]
-heartbeat_interval = "200ms"
-stale_after = "2s"
-[log]
-level = "warn"
-{extra}
-"#,
-        url = env.url
-    );
-    Settings::from_toml_str(&toml).unwrap()
+    common::fast_settings(&env.url, extra)
 }
 
 async fn start(env: &Env, s: Settings) -> RunningDaemon {
@@ -849,10 +827,11 @@ async fn a_stuck_handler_is_abandoned_after_the_grace() {
         vec![ev("Stuck", serde_json::json!({}))],
     )
     .await;
-    // The handler holds its lane's advisory lock while it sleeps: it has started.
+    // The handler holds its lane's (exclusive) advisory lock while it sleeps: it has started.
+    // (Claims hold shared advisory locks, the rebuild lock, for a moment.)
     wait_until(
         &env,
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted",
         1,
         Duration::from_secs(30),
     )

@@ -11,7 +11,7 @@ use sqlx::PgConnection;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
-use vantage::config::Settings;
+use vantage::config::{Settings, WorkerSettings};
 use vantage::daemon::{DaemonBuilder, RunningDaemon};
 use vantage::perspective::{ApplyError, EventEnvelope, Perspective};
 use vantage::store::{InstanceId, InstanceInfo, NewEvent, Store, StoreOptions};
@@ -35,27 +35,16 @@ async fn env() -> Env {
     }
 }
 
-/// Fast timings, the given `[worker]` keys and TOML appended. Tests that want one consumer loop
-/// (so a wedged loop shows) say `consumers = 1`.
-fn settings(url: &str, worker: &str, extra: &str) -> Settings {
-    let toml = format!(
-        r#"
-[database]
-url = "{url}"
-[worker]
-batch_size = 200
-max_streams_per_claim = 20
-poll_interval = "50ms"
-{worker}
-[orphans]
-heartbeat_interval = "200ms"
-stale_after = "2s"
-[log]
-level = "warn"
-{extra}
-"#
-    );
-    Settings::from_toml_str(&toml).unwrap()
+/// The suites' fast settings with `extra` TOML (perspectives) appended, then `tune`d: tests
+/// that want one consumer loop (so a wedged loop shows) say so there.
+fn settings(url: &str, extra: &str, tune: impl FnOnce(&mut WorkerSettings)) -> Settings {
+    let mut s = common::fast_settings(url, extra);
+    tune(&mut s.worker);
+    s
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
 }
 
 async fn exec(env: &Env, sql: &str) {
@@ -159,11 +148,12 @@ events = ["Fail", "Hang"]
 Fail = "SELECT 1/0"
 Hang = "SELECT pg_sleep(600)"
 "#;
-    let s = settings(
-        &env.url,
-        "consumers = 1\nlease = \"120s\"\napply_timeout = \"100s\"\nshutdown_grace = \"1s\"\nretry_backoff_base = \"10ms\"\nretry_backoff_max = \"50ms\"",
-        perspective,
-    );
+    let s = settings(&env.url, perspective, |w| {
+        w.consumers = 1;
+        w.lease = secs(120);
+        w.apply_timeout = secs(100);
+        w.shutdown_grace = secs(1);
+    });
     let daemon = DaemonBuilder::new(s)
         .store(env.store.clone())
         .without_http()
@@ -265,11 +255,12 @@ events = ["Hang", "Ok"]
 Hang = "SELECT pg_sleep(600)"
 Ok = "INSERT INTO sql_applied (stream_id) VALUES ($2)"
 "#;
-    let s = settings(
-        &env.url,
-        "consumers = 1\nlease = \"10s\"\napply_timeout = \"1s\"\nmax_perspective_event_attempts = 1\nretry_backoff_base = \"10ms\"\nretry_backoff_max = \"50ms\"\nshutdown_grace = \"2s\"",
-        perspective,
-    );
+    let s = settings(&env.url, perspective, |w| {
+        w.consumers = 1;
+        w.apply_timeout = secs(1);
+        w.max_perspective_event_attempts = Some(1);
+        w.shutdown_grace = secs(2);
+    });
     let daemon = DaemonBuilder::new(s)
         .store(env.store.clone())
         .without_http()
@@ -337,11 +328,12 @@ async fn backoff_is_measured_from_the_failure_not_from_the_batch_start() {
     register(&env, "clock", &["Slow", "Fail"]).await;
     append(&env, low_stream(), &["Slow"]).await;
     append(&env, high_stream(), &["Fail"]).await;
-    let s = settings(
-        &env.url,
-        "consumers = 1\nlease = \"30s\"\nretry_backoff_base = \"3s\"\nretry_backoff_max = \"3s\"\nshutdown_grace = \"5s\"",
-        "",
-    );
+    let s = settings(&env.url, "", |w| {
+        w.consumers = 1;
+        w.lease = secs(30);
+        w.retry_backoff_base = secs(3);
+        w.retry_backoff_max = secs(3);
+    });
     let daemon = DaemonBuilder::new(s)
         .store(env.store.clone())
         .without_http()
@@ -424,11 +416,10 @@ async fn statements_that_fail_with_transient_looking_sqlstates_are_charged_and_d
     for t in &types {
         append(&env, Uuid::new_v4(), &[t, t]).await;
     }
-    let s = settings(
-        &env.url,
-        "consumers = 2\nlease = \"10s\"\nmax_perspective_event_attempts = 2\nretry_backoff_base = \"10ms\"\nretry_backoff_max = \"50ms\"\nshutdown_grace = \"2s\"",
-        &perspectives,
-    );
+    let s = settings(&env.url, &perspectives, |w| {
+        w.max_perspective_event_attempts = Some(2);
+        w.shutdown_grace = secs(2);
+    });
     let started = Instant::now();
     let daemon = DaemonBuilder::new(s)
         .store(env.store.clone())
@@ -581,11 +572,13 @@ async fn a_lost_lease_still_records_failures_and_gives_back_the_rest() {
         .heartbeat(thief, &InstanceInfo::current("thief"))
         .await
         .unwrap();
-    let s = settings(
-        &env.url,
-        "consumers = 1\nlease = \"30s\"\nretry_backoff_base = \"60s\"\nretry_backoff_max = \"60s\"\nshutdown_grace = \"2s\"",
-        "",
-    );
+    let s = settings(&env.url, "", |w| {
+        w.consumers = 1;
+        w.lease = secs(30);
+        w.retry_backoff_base = secs(60);
+        w.retry_backoff_max = secs(60);
+        w.shutdown_grace = secs(2);
+    });
     let daemon = DaemonBuilder::new(s)
         .store(env.store.clone())
         .without_http()
@@ -700,11 +693,7 @@ events = ["E"]
 [perspectives.sql]
 E = "INSERT INTO gone_applied (stream_id) VALUES ($2)"
 "#;
-    let s = settings(
-        url.as_str(),
-        "consumers = 2\nlease = \"10s\"\nshutdown_grace = \"20s\"",
-        perspective,
-    );
+    let s = settings(url.as_str(), perspective, |w| w.shutdown_grace = secs(20));
     let daemon = DaemonBuilder::new(s).without_http().start().await.unwrap();
     append(&env, Uuid::new_v4(), &["E"]).await;
     wait_until(

@@ -53,27 +53,7 @@ async fn env() -> Env {
         .register_perspective("ledger", &["Tick".to_owned()])
         .await
         .unwrap();
-    let toml = format!(
-        r#"
-[database]
-url = "{url}"
-[worker]
-consumers = 2
-batch_size = 200
-max_streams_per_claim = 20
-lease = "10s"
-poll_interval = "50ms"
-retry_backoff_base = "10ms"
-retry_backoff_max = "50ms"
-shutdown_grace = "5s"
-[orphans]
-heartbeat_interval = "200ms"
-stale_after = "2s"
-[log]
-level = "warn"
-{LEDGER}"#,
-        url = db.url
-    );
+    let toml = common::fast_daemon_toml(&db.url, LEDGER);
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("vantage.toml");
     std::fs::write(&config, &toml).unwrap();

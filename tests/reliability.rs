@@ -614,31 +614,18 @@ async fn poison_events_are_dead_lettered_after_exactly_max_plus_one_claims_and_s
             .unwrap();
     }
 
-    let mut settings = Settings::from_toml_str(&format!(
-        r#"
-[database]
-url = "{url}"
-[worker]
-consumers = 2
-batch_size = 200
-max_streams_per_claim = 20
-lease = "10s"
-poll_interval = "50ms"
-retry_backoff_base = "10ms"
-retry_backoff_max = "50ms"
-shutdown_grace = "5s"
-[orphans]
-heartbeat_interval = "200ms"
-stale_after = "2s"
+    let mut settings = common::fast_settings(
+        &db.url,
+        &format!(
+            r#"
 [[perspectives]]
 name = "{name}"
 events = ["Counted"]
 [perspectives.sql]
 Counted = "INSERT INTO poison_applied (stream_id, version, n, seq) VALUES ($2, $6, ($1->>'n')::int, nextval('poison_seq'))"
-"#,
-        url = db.url
-    ))
-    .unwrap();
+"#
+        ),
+    );
     settings.worker.max_perspective_event_attempts = Some(MAX as u32);
     let daemon = DaemonBuilder::new(settings)
         .store(store.clone())

@@ -287,12 +287,15 @@ impl DaemonBuilder {
             stop_background.clone(),
             health.register_loop("heartbeat", settings.orphans.heartbeat_interval * 3),
         ));
-        background.spawn(background::renew_leases(
+        // Stopped on its own, before deregistration: a renewal in flight locks the rows it
+        // renews, and deregistration skips locked rows.
+        let stop_renewal = CancellationToken::new();
+        let renewal = background.spawn(background::renew_leases(
             store.clone(),
             instance,
             Arc::clone(&inflight),
             settings.worker.lease,
-            stop_background.clone(),
+            stop_renewal.clone(),
             health.register_loop("lease-renewal", settings.worker.lease),
         ));
         background.spawn(background::systemd_watchdog(
@@ -328,6 +331,8 @@ impl DaemonBuilder {
                     grace,
                     stop_claiming,
                     stop_background,
+                    stop_renewal,
+                    renewal,
                     consumers,
                     consumer_tasks,
                     background,
@@ -357,6 +362,8 @@ struct DrainAndStop {
     grace: Duration,
     stop_claiming: CancellationToken,
     stop_background: CancellationToken,
+    stop_renewal: CancellationToken,
+    renewal: JoinHandle<()>,
     consumers: TaskTracker,
     consumer_tasks: Vec<JoinHandle<()>>,
     background: TaskTracker,
@@ -420,6 +427,12 @@ async fn drain_and_stop(s: DrainAndStop) -> Result<(), DaemonError> {
             ),
         }
     }
+    // Nothing is in flight any more: stop renewing, and let a renewal under way finish so its
+    // row locks do not make deregistration skip those rows.
+    s.stop_renewal.cancel();
+    let _ = tokio::time::timeout_at(deadline, s.renewal)
+        .await
+        .map_err(bounded("stopping lease renewal"));
     // Whatever is still leased (rows never started) goes back with a refund of its bump.
     match tokio::time::timeout_at(deadline, s.store.deregister(s.instance)).await {
         Ok(Ok(released)) => {

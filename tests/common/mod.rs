@@ -142,3 +142,36 @@ impl Drop for TestDatabase {
         let _ = dropper.join();
     }
 }
+
+/// The configuration of a fast test daemon on `url` (short poll, backoff, heartbeat and lease),
+/// with `extra` TOML (perspectives, more sections) appended. One definition for every suite;
+/// a test that needs other timings changes the fields of [`fast_settings`]'s result.
+pub fn fast_daemon_toml(url: &str, extra: &str) -> String {
+    format!(
+        r#"
+[database]
+url = "{url}"
+[worker]
+consumers = 2
+batch_size = 200
+max_streams_per_claim = 20
+lease = "10s"
+poll_interval = "50ms"
+retry_backoff_base = "10ms"
+retry_backoff_max = "50ms"
+shutdown_grace = "5s"
+[orphans]
+heartbeat_interval = "200ms"
+stale_after = "2s"
+[log]
+level = "warn"
+{extra}
+"#
+    )
+}
+
+/// [`fast_daemon_toml`], parsed.
+pub fn fast_settings(url: &str, extra: &str) -> vantage::config::Settings {
+    vantage::config::Settings::from_toml_str(&fast_daemon_toml(url, extra))
+        .expect("the fast test configuration parses")
+}
