@@ -12,25 +12,12 @@ use vantage::config::Settings;
 use vantage::daemon::{DaemonBuilder, RunningDaemon};
 use vantage::perspective::{ApplyError, EventEnvelope, Perspective};
 use vantage::pipeline::cooldown::CooldownCache;
-use vantage::store::{NewEvent, Store, StoreOptions};
+use vantage::store::NewEvent;
 
-struct Env {
-    _db: common::TestDatabase,
-    url: String,
-    store: Store,
-}
+type Env = common::MigratedDatabase;
 
 async fn env() -> Env {
-    let db = common::fresh_database().await;
-    let store = Store::connect(&StoreOptions::for_url(&db.url))
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
-    Env {
-        url: db.url.clone(),
-        _db: db,
-        store,
-    }
+    common::migrated_database().await
 }
 
 /// Settings for a test daemon: fast timings, the given extra TOML appended.

@@ -14,25 +14,12 @@ use uuid::Uuid;
 use vantage::config::{Settings, WorkerSettings};
 use vantage::daemon::{DaemonBuilder, RunningDaemon};
 use vantage::perspective::{ApplyError, EventEnvelope, Perspective};
-use vantage::store::{InstanceId, InstanceInfo, NewEvent, Store, StoreOptions};
+use vantage::store::{InstanceId, InstanceInfo, NewEvent, Store};
 
-struct Env {
-    _db: common::TestDatabase,
-    url: String,
-    store: Store,
-}
+type Env = common::MigratedDatabase;
 
 async fn env() -> Env {
-    let db = common::fresh_database().await;
-    let store = Store::connect(&StoreOptions::for_url(&db.url))
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
-    Env {
-        url: db.url.clone(),
-        _db: db,
-        store,
-    }
+    common::migrated_database().await
 }
 
 /// The suites' fast settings with `extra` TOML (perspectives) appended, then `tune`d: tests

@@ -273,16 +273,13 @@ pub async fn release_started_in<'c, E: sqlx::PgExecutor<'c>>(
     instance: InstanceId,
     ids: &[Uuid],
 ) -> Result<u64, StoreError> {
-    if ids.is_empty() {
-        return Ok(0);
-    }
-    let n: i32 = sqlx::query_scalar("SELECT release_started_leases($1, $2)")
-        .bind(instance.0)
-        .bind(ids)
-        .fetch_one(executor)
-        .await
-        .map_err(map_db_error)?;
-    Ok(n as u64)
+    release_in(
+        executor,
+        "SELECT release_started_leases($1, $2)",
+        instance,
+        ids,
+    )
+    .await
 }
 
 /// Gives back unstarted rows with a refund of their claim's bump, on any executor. Returns how
@@ -292,10 +289,26 @@ pub async fn release_unstarted_in<'c, E: sqlx::PgExecutor<'c>>(
     instance: InstanceId,
     ids: &[Uuid],
 ) -> Result<u64, StoreError> {
+    release_in(
+        executor,
+        "SELECT release_unstarted_leases($1, $2)",
+        instance,
+        ids,
+    )
+    .await
+}
+
+/// One of the two give-back functions (`statement` is one of the constants above, never built).
+async fn release_in<'c, E: sqlx::PgExecutor<'c>>(
+    executor: E,
+    statement: &'static str,
+    instance: InstanceId,
+    ids: &[Uuid],
+) -> Result<u64, StoreError> {
     if ids.is_empty() {
         return Ok(0);
     }
-    let n: i32 = sqlx::query_scalar("SELECT release_unstarted_leases($1, $2)")
+    let n: i32 = sqlx::query_scalar(statement)
         .bind(instance.0)
         .bind(ids)
         .fetch_one(executor)

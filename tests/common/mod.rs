@@ -175,3 +175,28 @@ pub fn fast_settings(url: &str, extra: &str) -> vantage::config::Settings {
     vantage::config::Settings::from_toml_str(&fast_daemon_toml(url, extra))
         .expect("the fast test configuration parses")
 }
+
+/// A fresh database with vantage's schema migrated, and a store on it.
+pub struct MigratedDatabase {
+    /// The database (dropped with this value).
+    pub db: TestDatabase,
+    /// Its URL.
+    pub url: String,
+    /// A store on it.
+    pub store: vantage::store::Store,
+}
+
+/// [`fresh_database`], migrated.
+pub async fn migrated_database() -> MigratedDatabase {
+    use vantage::store::{Store, StoreOptions};
+    let db = fresh_database().await;
+    let store = Store::connect(&StoreOptions::for_url(&db.url))
+        .await
+        .expect("connect to the test database");
+    store.migrate().await.expect("migrate the test database");
+    MigratedDatabase {
+        url: db.url.clone(),
+        db,
+        store,
+    }
+}
