@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{exit, output, GlobalArgs};
-use crate::config::{DatabaseUrl, HttpSettings, LogFormat, LogSettings, Settings};
+use crate::config::{DatabaseUrl, HttpSettings, LogSettings, Settings};
 use crate::daemon::DaemonBuilder;
 use crate::store::{DeadLetter, NewEvent, Store, StoreError, StoreOptions};
 use crate::throwaway::ThrowawayPostgres;
@@ -276,29 +276,12 @@ impl DemoConfig {
 // ---------------------------------------------------------------------------------------------
 // Logging and signals
 
-/// Logs on stderr, at `log.level` unless `RUST_LOG` is set. On a terminal every log line first
-/// clears the progress line, which is redrawn at the next tick.
+/// Logs on stderr, at `log.level` unless `RUST_LOG` is set, coloured only on a terminal and
+/// without `NO_COLOR` (the daemon's own setup, [`crate::telemetry::logging`]). On a terminal
+/// every log line first clears the progress line, which is redrawn at the next tick.
 fn init_logging(log: &LogSettings, tty: bool) -> Result<(), String> {
-    let rust_log = std::env::var(crate::telemetry::logging::RUST_LOG)
-        .ok()
-        .filter(|v| !v.trim().is_empty());
-    let (origin, value) = match &rust_log {
-        Some(v) => ("RUST_LOG", v.as_str()),
-        None => ("log.level", log.level.as_str()),
-    };
-    let filter = tracing_subscriber::EnvFilter::builder()
-        .parse(value)
-        .map_err(|e| format!("invalid configuration: {origin} = {value:?}: {e}"))?;
-    let builder = tracing_subscriber::fmt()
-        .with_writer(LogWriter { clear_line: tty })
-        .with_ansi(tty)
-        .with_env_filter(filter);
-    // Fails only if a subscriber is already installed: keep it.
-    let _ = match log.format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
-    Ok(())
+    crate::telemetry::logging::init_with_writer(log, LogWriter { clear_line: tty }, tty)
+        .map_err(|e| e.to_string())
 }
 
 #[derive(Clone, Copy)]
