@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::{Connection, PgConnection};
 
-/// `vantage demo` appends this many poison events (`src/cli/demo.rs`, `POISON_EVENTS`).
+/// `vantage demo` appends this many poison events (`src/cli/demo/sample.rs`, `POISON_EVENTS`).
 const POISON_EVENTS: i64 = 3;
 /// The demo's default sample.
 const ORDERS: i64 = 2000;
