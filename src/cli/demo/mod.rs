@@ -171,7 +171,7 @@ async fn with_store(
         Ok(applied) => {
             let list: Vec<String> = applied
                 .iter()
-                .map(|m| format!("{} {}", m.version, m.description))
+                .map(|m| format!("{} ({})", m.version, m.description))
                 .collect();
             eprintln!(
                 "Migrated schema \"{}\" on {}: applied {}.",
