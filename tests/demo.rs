@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::{Connection, PgConnection};
 
-/// `vantage demo` appends this many poison events (`src/cli/demo.rs`, `POISON_EVENTS`).
+/// `vantage demo` appends this many poison events (`src/cli/demo/sample.rs`, `POISON_EVENTS`).
 const POISON_EVENTS: i64 = 3;
 /// The demo's default sample.
 const ORDERS: i64 = 2000;
@@ -38,16 +38,56 @@ impl fmt::Display for Run {
 /// after [`TIMEOUT`].
 fn run_demo(configure: impl FnOnce(&mut Command)) -> Run {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_vantage"));
+    cmd.args(["demo", "--once"]);
+    demo_environment(&mut cmd);
+    configure(&mut cmd);
+    run_to_completion(cmd)
+}
+
+/// Runs `vantage demo --once <extra>` as [`run_demo`] does, but with stdin, stdout and stderr
+/// on a pseudo-terminal (util-linux's `script`), so that it believes a person is watching.
+/// Both streams end up in [`Run::stdout`], with the terminal's `\r\n` line ends.
+fn run_demo_on_a_terminal(extra: &[&str], configure: impl FnOnce(&mut Command)) -> Run {
+    let mut line = shell_quote(env!("CARGO_BIN_EXE_vantage"));
+    for arg in ["demo", "--once"].iter().chain(extra) {
+        line.push(' ');
+        line.push_str(&shell_quote(arg));
+    }
+    let mut cmd = Command::new("script");
+    // -q: no "Script started" banner; -e: its exit code is the demo's; -c: the command;
+    // /dev/null: no typescript file.
+    cmd.args(["-q", "-e", "-c", &line, "/dev/null"]);
+    demo_environment(&mut cmd);
+    configure(&mut cmd);
+    run_to_completion(cmd)
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The crate root as working directory, none of the developer's logging or demo overrides,
+/// stdin closed, stdout and stderr captured.
+fn demo_environment(cmd: &mut Command) {
     cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["demo", "--once"])
         .env_remove("RUST_LOG")
+        .env_remove("NO_COLOR")
         .env_remove("VANTAGE__DATABASE__URL")
         .env_remove("VANTAGE__HTTP__LISTEN")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    configure(&mut cmd);
-    let mut child = cmd.spawn().expect("spawn vantage demo");
+}
+
+/// Spawns `cmd`, collects its output, and kills it after [`TIMEOUT`].
+fn run_to_completion(mut cmd: Command) -> Run {
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let mut child = cmd.spawn().unwrap_or_else(|e| {
+        panic!(
+            "cannot start {program}: {e} (the terminal tests need util-linux's `script`: \
+             apt-get install bsdutils)"
+        )
+    });
     let pid = child.id();
     let mut stdout = child.stdout.take().expect("piped stdout");
     let mut stderr = child.stderr.take().expect("piped stderr");
@@ -82,6 +122,23 @@ fn run_demo(configure: impl FnOnce(&mut Command)) -> Run {
         stdout: stdout.join().unwrap_or_default(),
         stderr: stderr.join().unwrap_or_default(),
     }
+}
+
+/// The ANSI "select graphic rendition" sequences (colour, bold, dim: `ESC [ … m`) in `text`.
+fn colour_codes(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("\x1b[") {
+        let after = &rest[at + 2..];
+        let params = after
+            .find(|c: char| !(c.is_ascii_digit() || c == ';'))
+            .unwrap_or(after.len());
+        if after[params..].starts_with('m') {
+            found.push(format!("ESC[{}m", &after[..params]));
+        }
+        rest = after;
+    }
+    found
 }
 
 fn assert_mentions_dead_letters_and_commands(run: &Run) {
@@ -277,4 +334,74 @@ fn demo_once_without_a_database_starts_and_removes_a_throwaway_server() {
         .filter(|name| name.starts_with(&prefix))
         .collect();
     assert!(leftovers.is_empty(), "left behind: {leftovers:?}");
+}
+
+/// Log lines and progress written to a pipe or a file (the journal, `2> demo.log`) are plain
+/// text: no colour, no cursor movement.
+#[tokio::test(flavor = "multi_thread")]
+async fn demo_output_to_a_non_terminal_has_no_ansi_escape_codes() {
+    let db = common::fresh_database().await;
+    let url = db.url.clone();
+    let run = tokio::task::spawn_blocking(move || {
+        run_demo(|cmd| {
+            // INFO: the daemon's own log lines too, not only the dead-letter warnings.
+            cmd.args(["--orders", "50"])
+                .env("DATABASE_URL", &url)
+                .env("VANTAGE__HTTP__LISTEN", "127.0.0.1:0")
+                .env("RUST_LOG", "info");
+        })
+    })
+    .await
+    .expect("the demo runner");
+    assert_eq!(run.code, Some(0), "{run}");
+    assert!(run.stderr.contains(" INFO "), "no INFO log line:\n{run}");
+    assert!(run.stderr.contains(" WARN "), "no WARN log line:\n{run}");
+    assert!(run.stderr.contains("dead-lettered"), "{run}");
+    for (stream, text) in [("stdout", &run.stdout), ("stderr", &run.stderr)] {
+        let escapes: Vec<&str> = text.lines().filter(|l| l.contains('\x1b')).collect();
+        assert!(
+            escapes.is_empty(),
+            "{stream} is not a terminal, yet these lines carry escape codes: {escapes:#?}"
+        );
+    }
+}
+
+/// On a terminal the log lines are coloured, unless `NO_COLOR` is set (https://no-color.org):
+/// then they are plain, while the progress line is still refreshed in place (that is cursor
+/// movement, not colour, and shows the demo did see a terminal).
+#[tokio::test(flavor = "multi_thread")]
+async fn demo_on_a_terminal_is_coloured_unless_no_color_is_set() {
+    for no_color in [None, Some("1")] {
+        let db = common::fresh_database().await;
+        let url = db.url.clone();
+        let run = tokio::task::spawn_blocking(move || {
+            run_demo_on_a_terminal(&["--orders", "50"], |cmd| {
+                cmd.env("DATABASE_URL", &url)
+                    .env("VANTAGE__HTTP__LISTEN", "127.0.0.1:0");
+                if let Some(value) = no_color {
+                    cmd.env("NO_COLOR", value);
+                }
+            })
+        })
+        .await
+        .expect("the demo runner");
+        assert_eq!(run.code, Some(0), "NO_COLOR={no_color:?}: {run}");
+        assert!(run.stdout.contains("dead-lettered"), "{run}");
+        assert!(
+            run.stdout.contains("\r\x1b[2K"),
+            "NO_COLOR={no_color:?}: the progress line was not refreshed in place, so the \
+             demo did not see a terminal:\n{run}"
+        );
+        let colours = colour_codes(&run.stdout);
+        match no_color {
+            None => assert!(
+                !colours.is_empty(),
+                "a terminal without NO_COLOR: the log lines should be coloured:\n{run}"
+            ),
+            Some(_) => assert!(
+                colours.is_empty(),
+                "NO_COLOR is set, yet the output carries colour codes {colours:?}:\n{run}"
+            ),
+        }
+    }
 }

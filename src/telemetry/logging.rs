@@ -1,9 +1,20 @@
-//! Logging setup: `tracing` events as text or JSON lines on **stderr**.
+//! Logging setup: `tracing` events as text or JSON lines, on **stderr** unless the caller gives
+//! another writer.
 //!
 //! Never stdout: CLI commands print their results (tables, the JSON envelope) there, and a log
 //! line in the middle would corrupt them. The filter is `log.level` unless `RUST_LOG` is set
 //! (and not empty), in which case `RUST_LOG` wins (SPEC §5).
+//!
+//! Text lines are coloured only when they go to a terminal and `NO_COLOR` is unset or empty
+//! (<https://no-color.org>): a file, a pipe or the journal gets plain text. JSON lines never
+//! carry colour.
 
+use std::ffi::OsStr;
+use std::io::IsTerminal;
+
+use tracing::Subscriber;
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
 use super::recorder::TelemetryError;
@@ -11,32 +22,77 @@ use crate::config::{LogFormat, LogSettings};
 
 /// The environment variable that overrides `log.level`.
 pub const RUST_LOG: &str = "RUST_LOG";
+/// The environment variable that turns colour off when set to anything but the empty string.
+pub const NO_COLOR: &str = "NO_COLOR";
 
-/// Installs the global `tracing` subscriber: stderr, `settings.format`, filtered by `RUST_LOG`
-/// when set, else by `settings.level`. Idempotent: if a subscriber is already installed (a
-/// second daemon in the same test process), the existing one is kept and this returns `Ok`.
+/// Installs the global `tracing` subscriber on stderr: see [`init_with_writer`].
+///
+/// # Errors
+/// As [`init_with_writer`].
+pub fn init(settings: &LogSettings) -> Result<(), TelemetryError> {
+    init_with_writer(settings, std::io::stderr, std::io::stderr().is_terminal())
+}
+
+/// Installs the global `tracing` subscriber: lines in `settings.format` through `writer`,
+/// filtered by `RUST_LOG` when set, else by `settings.level`. `terminal` says whether the
+/// writer's target is a terminal (ask it with [`std::io::IsTerminal`]); text lines are coloured
+/// only when it is and `NO_COLOR` does not say otherwise ([`colour`]).
+///
+/// Idempotent: if a subscriber is already installed (a second daemon in the same test
+/// process), the existing one is kept and this returns `Ok`.
 ///
 /// # Errors
 /// [`TelemetryError::LogFilter`] if the chosen filter does not parse; the message names
 /// `RUST_LOG` or `log.level`, whichever was used.
-pub fn init(settings: &LogSettings) -> Result<(), TelemetryError> {
+pub fn init_with_writer<W>(
+    settings: &LogSettings,
+    writer: W,
+    terminal: bool,
+) -> Result<(), TelemetryError>
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
     let from_env = std::env::var(RUST_LOG)
         .ok()
         .filter(|v| !v.trim().is_empty());
     let filter = filter_for(settings, from_env.as_deref())?;
-    let builder = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(filter);
+    let ansi = colour(terminal, std::env::var_os(NO_COLOR).as_deref());
     // `try_init` fails only when a global subscriber (or `log` logger) is already set: keep it.
-    let _already_set = match settings.format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder
-            .json()
-            .with_current_span(true)
-            .with_span_list(false)
-            .try_init(),
-    };
+    let _already_set = subscriber(settings.format, filter, writer, ansi).try_init();
     Ok(())
+}
+
+/// Whether text lines may carry ANSI colour: only on a terminal, and only when `no_color`
+/// (the value of `NO_COLOR`) is unset or empty.
+pub fn colour(terminal: bool, no_color: Option<&OsStr>) -> bool {
+    terminal && !matches!(no_color, Some(v) if !v.is_empty())
+}
+
+/// The subscriber [`init_with_writer`] installs. JSON lines are never coloured: `ansi` only
+/// applies to text.
+fn subscriber<W>(
+    format: LogFormat,
+    filter: EnvFilter,
+    writer: W,
+    ansi: bool,
+) -> Box<dyn Subscriber + Send + Sync>
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let builder = tracing_subscriber::fmt()
+        .with_writer(writer)
+        .with_env_filter(filter);
+    match format {
+        LogFormat::Text => Box::new(builder.with_ansi(ansi).finish()),
+        LogFormat::Json => Box::new(
+            builder
+                .with_ansi(false)
+                .json()
+                .with_current_span(true)
+                .with_span_list(false)
+                .finish(),
+        ),
+    }
 }
 
 /// The filter to use: `rust_log` (the value of `RUST_LOG`, if set and not empty) wins over
@@ -57,6 +113,8 @@ fn filter_for(settings: &LogSettings, rust_log: Option<&str>) -> Result<EnvFilte
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
     use super::*;
 
     fn settings(level: &str) -> LogSettings {
@@ -90,5 +148,61 @@ mod tests {
             level: "debug".to_owned(),
         })
         .expect("second");
+        init_with_writer(&settings("warn"), std::io::sink, false).expect("third");
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(colour(true, None));
+        assert!(!colour(false, None));
+        // https://no-color.org: set and not empty.
+        assert!(!colour(true, Some(OsStr::new("1"))));
+        assert!(!colour(true, Some(OsStr::new("false"))));
+        assert!(colour(true, Some(OsStr::new(""))));
+        assert!(!colour(false, Some(OsStr::new(""))));
+    }
+
+    /// Collects what the subscriber writes.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lock").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// One WARN event with a field through a fresh subscriber (not the global one).
+    fn logged(format: LogFormat, ansi: bool) -> String {
+        let out = Captured::default();
+        let writer = out.clone();
+        let filter = filter_for(&settings("info"), None).expect("filter");
+        let subscriber = subscriber(format, filter, move || writer.clone(), ansi);
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(perspective = "p", "event dead-lettered");
+        });
+        let bytes = out.0.lock().expect("lock").clone();
+        String::from_utf8(bytes).expect("utf-8")
+    }
+
+    #[test]
+    fn text_is_coloured_only_when_asked_and_json_never() {
+        let plain = logged(LogFormat::Text, false);
+        assert!(
+            plain.contains("WARN") && plain.contains("event dead-lettered"),
+            "{plain}"
+        );
+        assert!(!plain.contains('\x1b'), "{plain:?}");
+        let coloured = logged(LogFormat::Text, true);
+        assert!(coloured.contains("\x1b["), "{coloured:?}");
+        let json = logged(LogFormat::Json, true);
+        assert!(!json.contains('\x1b'), "{json:?}");
+        let line: serde_json::Value = serde_json::from_str(json.trim()).expect("one JSON line");
+        assert_eq!(line["level"], "WARN");
+        assert_eq!(line["fields"]["perspective"], "p");
     }
 }
