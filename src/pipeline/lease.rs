@@ -413,7 +413,7 @@ fn log_dead_letter(
         event_id = %h.event_id,
         global_position = h.global_position,
         attempts = h.attempts,
-        max_attempts = ?max_attempts,
+        max_attempts = %max_attempts.map_or_else(|| "off".to_owned(), |m| m.to_string()),
         reason,
         %dead_letter_id,
         %error,
