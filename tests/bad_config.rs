@@ -236,8 +236,10 @@ fn assert_refused(out: &Output, case: &Case, command: &str, code: i32) {
             "{label}: the message should contain {want:?}: {out:#?}"
         );
     }
-    assert!(
-        message.starts_with("invalid configuration: "),
+    // One message (`run` prefixes its name).
+    assert_eq!(
+        message.matches("invalid configuration: ").count(),
+        1,
         "{label}: {out:#?}"
     );
     assert!(

@@ -100,7 +100,7 @@ impl Written {
     }
 
     /// What serde could not deserialize, as a message about the key it was at.
-    pub fn from_serde(&self, e: serde_path_to_error::Error<config::ConfigError>) -> ConfigError {
+    pub fn explain(&self, e: serde_path_to_error::Error<config::ConfigError>) -> ConfigError {
         let steps: Vec<Step<'_>> = e
             .path()
             .iter()

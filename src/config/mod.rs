@@ -156,7 +156,7 @@ impl Settings {
 fn build(written: Written, env: &HashMap<String, String>) -> Result<Settings, ConfigError> {
     let tree = config::Value::new(None, config::ValueKind::Table(written.root.clone()));
     let mut settings: Settings =
-        serde_path_to_error::deserialize(tree).map_err(|e| written.from_serde(e))?;
+        serde_path_to_error::deserialize(tree).map_err(|e| written.explain(e))?;
     // Not set: 30 s, or half the lease when the lease is shorter than a minute.
     if written.get("worker.apply_timeout").is_none() {
         let w = &mut settings.worker;
