@@ -77,7 +77,7 @@ impl Written {
 
     fn origin(&self, value: Option<&Value>) -> Option<String> {
         match value {
-            Some(v) => v.origin().map(str::to_owned),
+            Some(v) => layer_of(v),
             None => self.defaults.map(str::to_owned),
         }
     }
@@ -155,6 +155,18 @@ impl Written {
             key,
             expected,
         }
+    }
+}
+
+/// The layer of a value. A table the merge built has no origin of its own: its first value's.
+fn layer_of(v: &Value) -> Option<String> {
+    if let Some(origin) = v.origin() {
+        return Some(origin.to_owned());
+    }
+    match &v.kind {
+        ValueKind::Table(t) => t.values().find_map(layer_of),
+        ValueKind::Array(a) => a.iter().find_map(layer_of),
+        _ => None,
     }
 }
 

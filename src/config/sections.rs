@@ -256,13 +256,6 @@ pub struct PerspectiveSettings {
     /// `events`: the subscribed event types; `"*"` = every type.
     #[serde(deserialize_with = "values::string_list")]
     pub events: Vec<String>,
-    /// `reset`: optional statement run by `vantage perspectives rebuild`.
-    #[serde(
-        default,
-        deserialize_with = "values::optional_string",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub reset: Option<String>,
     /// `[perspectives.sql]`: event type → statement. Every listed event has one, and no
     /// statement names an unlisted type; with `events` containing `"*"`, statements may name
     /// any type and the `"*"` statement, required, runs for the types without their own.
@@ -272,4 +265,11 @@ pub struct PerspectiveSettings {
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub sql: BTreeMap<String, String>,
+    /// `reset`: optional statement run by `vantage perspectives rebuild`.
+    #[serde(
+        default,
+        deserialize_with = "values::optional_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub reset: Option<String>,
 }

@@ -65,7 +65,7 @@ pub(super) fn settings(
             shown(wk.apply_timeout),
             format!(
                 "a duration greater than zero and below worker.lease ({}): an apply must end while its lease is held",
-                humantime::format_duration(wk.lease)
+                shown(wk.lease)
             ),
         ));
     }
@@ -83,7 +83,7 @@ pub(super) fn settings(
             shown(wk.retry_backoff_base),
             format!(
                 "at most worker.retry_backoff_max ({})",
-                humantime::format_duration(wk.retry_backoff_max)
+                shown(wk.retry_backoff_max)
             ),
         ));
     }
@@ -101,7 +101,7 @@ pub(super) fn settings(
             shown(o.stale_after),
             format!(
                 "more than orphans.heartbeat_interval ({}), or live instances would be declared dead",
-                humantime::format_duration(o.heartbeat_interval)
+                shown(o.heartbeat_interval)
             ),
         ));
     }

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use serde::de::{self, Deserialize, Deserializer, SeqAccess, Visitor};
 
+use super::database::UrlProblem;
 use super::redact::DatabaseUrl;
 use super::sections::LogFormat;
 use super::{MAX_CONSUMERS, MAX_DURATION, MAX_DURATION_TEXT, MAX_SQL_INT};
@@ -308,6 +309,11 @@ pub(super) fn database_url<'de, D: Deserializer<'de>>(
     if s.trim().is_empty() {
         return Ok(None);
     }
-    super::database::connect_options(&s).map_err(expected)?;
+    super::database::connect_options(&s).map_err(|problem| match problem {
+        UrlProblem::NotPostgres => expected("a postgres:// or postgresql:// URL"),
+        UrlProblem::Refused(reason) => expected(format!(
+            "a postgres:// or postgresql:// URL the PostgreSQL client accepts ({reason})"
+        )),
+    })?;
     Ok(Some(DatabaseUrl::new(s)))
 }
