@@ -555,3 +555,68 @@ fn scrub_secrets_handles_free_text() {
         "see postgres://a:***@c/d and x://e@f, password=***&x=1"
     );
 }
+
+#[test]
+fn bounds_echo_the_value_as_written_and_its_layer() {
+    // The value as written, not as a rewritten duration, and the real bound.
+    assert_eq!(
+        err("[worker]\nlease = \"100000000000s\""),
+        "invalid configuration: worker.lease = \"100000000000s\": expected a duration of at most 7d"
+    );
+    // An integer beyond i64 is still reported at its key.
+    assert_eq!(
+        err("[worker]\nconsumers = 99999999999999999999"),
+        "invalid configuration: worker.consumers = 99999999999999999999: expected a positive integer, at most 256 (each consumer is a claim loop with a database connection of its own)"
+    );
+    // A rule about a key no layer set names the defaults.
+    let f = file("");
+    let e = Settings::load_with_env(&opts(&f), &env(&[("VANTAGE__WORKER__CONSUMERS", "9")]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("invalid configuration: database.max_connections = 10 (from the defaults): expected at least 11 for worker.consumers = 9"),
+        "{e}"
+    );
+    // PG* variables are named; read only where the URL leaves them to the environment.
+    let e = Settings::load_with_env(&opts(&f), &env(&[("PGPORT", "abc")]))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "invalid configuration: PGPORT = \"abc\" (from the environment): expected a port number from 1 to 65535"
+    );
+    let f = file("[database]\nurl = \"postgres://h:5432/db?sslmode=disable\"\n");
+    assert!(Settings::load_with_env(
+        &opts(&f),
+        &env(&[("PGPORT", "abc"), ("PGSSLMODE", "garbage")])
+    )
+    .is_ok());
+    for (toml, key) in [
+        ("[database]\nconnect_timeout = \"0s\"", "database.connect_timeout"),
+        ("[database]\nschema = \"pg_temp\"", "database.schema"),
+        ("[database]\nschema = \"information_schema\"", "database.schema"),
+        ("[orphans]\nheartbeat_interval = \"8d\"", "orphans.heartbeat_interval"),
+        ("[log]\nlevel = \"info,[[[\"", "log.level"),
+        (
+            "[database]\nurl = \"postgres://u:secret@h/db?sslmode=bogus\"",
+            "database.url",
+        ),
+        (
+            "[[perspectives]]\nname = \"a\\nb\"\nevents = [\"*\"]\n[perspectives.sql]\n\"*\" = \"select 1\"",
+            "perspectives[0].name",
+        ),
+    ] {
+        let e = err(toml);
+        assert!(
+            e.starts_with(&format!("invalid configuration: {key} = ")) && !e.contains("secret"),
+            "{toml}: {e}"
+        );
+    }
+    // libpq's empty host: accepted, shown redacted.
+    let s =
+        Settings::from_toml_str("[database]\nurl = \"postgres://u:secret@/db?host=/tmp\"").unwrap();
+    assert_eq!(
+        s.database.url.unwrap().to_string(),
+        "postgres://u:***@/db?host=/tmp"
+    );
+}
