@@ -26,7 +26,6 @@ pub use instances::{InstanceInfo, LiveInstance};
 pub use status::{PerspectiveStatus, StoreGauges};
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use sqlx::migrate::{MigrateError, Migrator};
@@ -180,8 +179,10 @@ impl StoreOptions {
     /// The connection options, with `search_path` set to the schema.
     pub fn connect_options(&self) -> Result<PgConnectOptions, StoreError> {
         let base = match &self.url {
-            Some(url) => PgConnectOptions::from_str(url)
-                .map_err(|e| StoreError::InvalidUrl(redact_error(&e.to_string(), url)))?,
+            // Parsed as configuration parses it (libpq's empty host for a Unix socket
+            // included), so what `config check` accepts connects.
+            Some(url) => crate::config::pg_connect_options(url)
+                .map_err(|e| StoreError::InvalidUrl(e.to_string()))?,
             None => PgConnectOptions::new(),
         };
         let mut options = vec![("search_path".to_string(), self.schema.clone())];
@@ -207,12 +208,9 @@ impl StoreOptions {
 }
 
 fn redact_error(message: &str, url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(u) => match u.password() {
-            Some(p) if !p.is_empty() => message.replace(p, "***"),
-            _ => message.to_string(),
-        },
-        Err(_) => message.to_string(),
+    match crate::config::url_password(url) {
+        Some(p) if !p.is_empty() => message.replace(&p, "***"),
+        _ => message.to_string(),
     }
 }
 

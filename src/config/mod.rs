@@ -1,0 +1,167 @@
+//! Settings.
+//!
+//! Layers, lowest to highest precedence:
+//! 1. built-in defaults ([`Settings::default`], the values of SPEC §5);
+//! 2. the TOML file: `--config PATH`, else [`DEFAULT_CONFIG_PATH`] if it exists, else none;
+//! 3. `DATABASE_URL` (for `database.url` only);
+//! 4. environment variables `VANTAGE__SECTION__KEY`, e.g. `VANTAGE__WORKER__CONSUMERS=8`;
+//! 5. explicit overrides (CLI flags): [`LoadOptions::overrides`], then [`LoadOptions::database_url`].
+//!
+//! Every layer is merged first and validated once, so a bad value is reported the same way
+//! whichever layer it came from, and the message names the key, the value as written and the
+//! layer it came from.
+//!
+//! Environment variables and overrides can set the scalar keys of the sections only;
+//! `[[perspectives]]` come from the file alone (a list of tables has no sane spelling as
+//! environment variables). Unknown keys are errors everywhere, so a typo never silently
+//! falls back to a default. An empty environment variable counts as unset.
+//!
+//! When no `database.url` is configured at all it stays `None`, and the storage layer builds
+//! its connection from libpq's `PG*` environment variables (`PGHOST`, `PGPORT`, `PGUSER`,
+//! `PGPASSWORD`, `PGDATABASE`, … through sqlx's `PgConnectOptions::new()`); `PGPORT` and
+//! `PGSSLMODE` are checked wherever the URL leaves them to the environment.
+//!
+//! Only what can work is accepted: every duration is at most [`MAX_DURATION`] (the daemon
+//! multiplies intervals), `worker.consumers` at most [`MAX_CONSUMERS`], `database.max_connections`
+//! at least the consumers plus [`MIN_EXTRA_CONNECTIONS`], `database.connect_timeout` more than
+//! zero, no system schema, a log filter the logger parses, a URL the PostgreSQL client parses.
+//!
+//! The database password never leaves this module in clear text except through
+//! [`DatabaseUrl::expose`]: `Debug`, `Display`, `Serialize`, [`Settings::redacted_toml`] and
+//! every [`ConfigError`] redact it.
+//!
+//! The files: [`sections`] (the serde structs and their defaults), `values` (the parser of each
+//! key), `layers` (reading and merging), `validate` (rules across keys), `messages` (what a
+//! failure says), `database` (the URL and `PG*` as the client reads them), `redact`, `error`.
+
+mod database;
+mod error;
+mod layers;
+mod messages;
+mod redact;
+mod sections;
+mod validate;
+mod values;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use database::{connect_options as pg_connect_options, url_password, UrlProblem};
+pub use error::ConfigError;
+pub use redact::DatabaseUrl;
+pub use sections::{
+    CooldownSettings, DatabaseSettings, HttpSettings, LogFormat, LogSettings, OrphanSettings,
+    PerspectiveSettings, Settings, WorkerSettings,
+};
+
+use messages::Written;
+
+/// The file read when no `--config` is given, relative to the working directory (only if it
+/// exists).
+pub const DEFAULT_CONFIG_PATH: &str = "config/vantage.toml";
+
+/// Largest value accepted for counts: they end up in SQL `int` parameters.
+pub const MAX_SQL_INT: u64 = i32::MAX as u64;
+
+/// Longest duration accepted for any key. The daemon takes small multiples of intervals (a
+/// loop is flagged when silent for three of them), sends leases and backoffs to SQL as whole
+/// seconds and `idle_in_transaction_session_timeout` as milliseconds in an `int`: a week keeps
+/// every one far from overflow, and no interval of a live daemon needs more.
+pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+const MAX_DURATION_TEXT: &str = "7d";
+
+/// Most `worker.consumers`: each is a claim loop with a connection of its own, and more than
+/// this only adds contention on the claim.
+pub const MAX_CONSUMERS: usize = 256;
+
+/// Connections beyond one per consumer the daemon needs: the work listener holds one, and the
+/// background loops (heartbeat, lease renewal, sampler) share one.
+pub const MIN_EXTRA_CONNECTIONS: u64 = 2;
+
+/// Where the layers above the defaults come from.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// `--config PATH`. `None` = [`DEFAULT_CONFIG_PATH`] if it exists, else no file.
+    pub config_path: Option<PathBuf>,
+    /// `--database-url`: the highest layer for `database.url`.
+    pub database_url: Option<String>,
+    /// Explicit `("section.key", "value")` overrides (CLI flags), e.g.
+    /// `("worker.consumers", "8")`. Values are parsed like environment variables.
+    pub overrides: Vec<(String, String)>,
+}
+
+impl LoadOptions {
+    /// The file that will be read: the explicit path (even if missing, which is then an error
+    /// at load), else [`DEFAULT_CONFIG_PATH`] if it is a file, else none.
+    pub fn resolved_config_path(&self) -> Option<PathBuf> {
+        match &self.config_path {
+            Some(path) => Some(path.clone()),
+            None => {
+                let default = Path::new(DEFAULT_CONFIG_PATH);
+                default.is_file().then(|| default.to_path_buf())
+            }
+        }
+    }
+}
+
+impl Settings {
+    /// Loads and validates the configuration from every layer, reading the process
+    /// environment.
+    pub fn load(opts: &LoadOptions) -> Result<Settings, ConfigError> {
+        Self::load_with_env(opts, &layers::process_env()?)
+    }
+
+    /// Like [`load`](Self::load), but takes the environment from `env` (variable name →
+    /// value) instead of the process, so tests need not mutate the global environment.
+    pub fn load_with_env(
+        opts: &LoadOptions,
+        env: &HashMap<String, String>,
+    ) -> Result<Settings, ConfigError> {
+        let root = layers::merge(opts, env)?;
+        build(
+            Written {
+                root,
+                defaults: Some("the defaults"),
+            },
+            env,
+        )
+    }
+
+    /// Defaults overlaid with `toml` only (no file lookup, no environment): for tests and
+    /// embedding.
+    pub fn from_toml_str(toml: &str) -> Result<Settings, ConfigError> {
+        // There is only one layer, so errors need not say where a value came from.
+        let root = layers::parse_toml(toml, "the configuration text", None)?;
+        build(
+            Written {
+                root,
+                defaults: None,
+            },
+            &HashMap::new(),
+        )
+    }
+
+    /// The effective configuration as TOML, with the database password replaced by `***`
+    /// (for `vantage config check`). It parses back to the same settings, password aside.
+    pub fn redacted_toml(&self) -> String {
+        redact::redacted_toml(self)
+    }
+}
+
+/// Deserializes the merged tree and checks it.
+fn build(written: Written, env: &HashMap<String, String>) -> Result<Settings, ConfigError> {
+    let tree = config::Value::new(None, config::ValueKind::Table(written.root.clone()));
+    let mut settings: Settings =
+        serde_path_to_error::deserialize(tree).map_err(|e| written.explain(e))?;
+    // Not set: 30 s, or half the lease when the lease is shorter than a minute.
+    if written.get("worker.apply_timeout").is_none() {
+        let w = &mut settings.worker;
+        w.apply_timeout = sections::DEFAULT_APPLY_TIMEOUT.min(w.lease / 2);
+    }
+    validate::settings(&settings, &written, env)?;
+    Ok(settings)
+}

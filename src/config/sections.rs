@@ -1,0 +1,275 @@
+//! The configuration sections: one struct per `[table]`, with the defaults of SPEC §5.
+//!
+//! Deserialized by serde (`deny_unknown_fields`, so a typo is an error, never a silent
+//! default); each field names the parser of [`values`](super::values) that accepts it and
+//! says what it expected otherwise. Serialized by serde too, for `vantage config check`: the
+//! URL through its redacting `Serialize`, durations through `humantime_serde`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::redact::DatabaseUrl;
+use super::values;
+
+/// The effective configuration of one vantage process.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// `[database]`
+    pub database: DatabaseSettings,
+    /// `[worker]`
+    pub worker: WorkerSettings,
+    /// `[cooldown]`
+    pub cooldown: CooldownSettings,
+    /// `[orphans]`
+    pub orphans: OrphanSettings,
+    /// `[http]`
+    pub http: HttpSettings,
+    /// `[log]`
+    pub log: LogSettings,
+    /// `[[perspectives]]`: SQL perspectives, from the file only.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub perspectives: Vec<PerspectiveSettings>,
+}
+
+/// `[database]`
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseSettings {
+    /// `url`: `postgres://` or `postgresql://`. `None` = libpq `PG*` environment variables.
+    #[serde(
+        deserialize_with = "values::database_url",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub url: Option<DatabaseUrl>,
+    /// `schema` (default `vantage`): a plain lower-case SQL identifier, so it can be spliced
+    /// into statements without quoting, and not a system schema.
+    #[serde(deserialize_with = "values::schema")]
+    pub schema: String,
+    /// `max_connections` (default 10): at least `worker.consumers` + 2.
+    #[serde(deserialize_with = "values::positive_u32")]
+    pub max_connections: u32,
+    /// `auto_migrate` (default true): apply migrations at daemon start.
+    #[serde(deserialize_with = "values::boolean")]
+    pub auto_migrate: bool,
+    /// `connect_timeout` (default 30 s, more than zero): how long start-up retries an
+    /// unreachable database.
+    #[serde(with = "values::duration")]
+    pub connect_timeout: Duration,
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            url: None,
+            schema: "vantage".to_owned(),
+            max_connections: 10,
+            auto_migrate: true,
+            connect_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `[worker]`
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerSettings {
+    /// `consumers` (default 4, at most [`MAX_CONSUMERS`](super::MAX_CONSUMERS)): concurrent
+    /// consumer loops.
+    #[serde(deserialize_with = "values::consumers")]
+    pub consumers: usize,
+    /// `batch_size` (default 500): most work rows claimed at once.
+    #[serde(deserialize_with = "values::positive_u32")]
+    pub batch_size: u32,
+    /// `max_streams_per_claim` (default 100).
+    #[serde(deserialize_with = "values::positive_u32")]
+    pub max_streams_per_claim: u32,
+    /// `lease` (default 60 s, at least 1 s).
+    #[serde(with = "values::duration")]
+    pub lease: Duration,
+    /// `poll_interval` (default 1 s): fallback when no NOTIFY arrives.
+    #[serde(with = "values::duration")]
+    pub poll_interval: Duration,
+    /// `max_perspective_event_attempts` (default 10): a row is dead-lettered on claim
+    /// `max + 1`. `None` (`"off"`) = never dead-letter.
+    #[serde(with = "values::attempts")]
+    pub max_perspective_event_attempts: Option<u32>,
+    /// `retry_backoff_base` (default 1 s): delay after the first failure.
+    #[serde(with = "values::duration")]
+    pub retry_backoff_base: Duration,
+    /// `retry_backoff_max` (default 5 min): cap of the exponential backoff.
+    #[serde(with = "values::duration")]
+    pub retry_backoff_max: Duration,
+    /// `shutdown_grace` (default 30 s): time given to in-flight applies at shutdown.
+    #[serde(with = "values::duration")]
+    pub shutdown_grace: Duration,
+    /// `apply_timeout` (default 30 s, or half the lease when that is shorter; must be below
+    /// the lease): the deadline of one apply. A timed-out apply is a retryable failure, charged
+    /// like any other, so a hung handler cannot hold its lane forever.
+    #[serde(with = "values::duration")]
+    pub apply_timeout: Duration,
+}
+
+/// Default of `worker.apply_timeout`, when the lease leaves room for it.
+pub(super) const DEFAULT_APPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        Self {
+            consumers: 4,
+            batch_size: 500,
+            max_streams_per_claim: 100,
+            lease: Duration::from_secs(60),
+            poll_interval: Duration::from_secs(1),
+            max_perspective_event_attempts: Some(10),
+            retry_backoff_base: Duration::from_secs(1),
+            retry_backoff_max: Duration::from_secs(5 * 60),
+            shutdown_grace: Duration::from_secs(30),
+            apply_timeout: DEFAULT_APPLY_TIMEOUT,
+        }
+    }
+}
+
+/// `[cooldown]`: the cache of recently applied work ids (SPEC §1.3).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CooldownSettings {
+    /// `enabled` (default true).
+    #[serde(deserialize_with = "values::boolean")]
+    pub enabled: bool,
+    /// `ttl` (default 5 min).
+    #[serde(with = "values::duration")]
+    pub ttl: Duration,
+    /// `max_entries` (default 100 000; 0 only while the cache is disabled).
+    #[serde(deserialize_with = "values::non_negative_usize")]
+    pub max_entries: usize,
+}
+
+impl Default for CooldownSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            ttl: Duration::from_secs(5 * 60),
+            max_entries: 100_000,
+        }
+    }
+}
+
+/// `[orphans]`: instance liveness (SPEC §1.5).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OrphanSettings {
+    /// `heartbeat_interval` (default 10 s).
+    #[serde(with = "values::duration")]
+    pub heartbeat_interval: Duration,
+    /// `stale_after` (default 30 s): an instance silent this long is dead.
+    #[serde(with = "values::duration")]
+    pub stale_after: Duration,
+}
+
+impl Default for OrphanSettings {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: Duration::from_secs(10),
+            stale_after: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `[http]`
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpSettings {
+    /// `listen` (default `127.0.0.1:9464`): `/metrics`, `/healthz`, `/readyz`.
+    #[serde(deserialize_with = "values::socket_addr")]
+    pub listen: SocketAddr,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+        }
+    }
+}
+
+/// `[log]`
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSettings {
+    /// `format` (default `text`).
+    #[serde(deserialize_with = "values::log_format")]
+    pub format: LogFormat,
+    /// `level` (default `info`): a level or a `tracing` filter directive (checked with the
+    /// logger's own parser); `RUST_LOG` overrides.
+    #[serde(deserialize_with = "values::log_level")]
+    pub level: String,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".to_owned(),
+        }
+    }
+}
+
+/// `log.format`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl LogFormat {
+    /// The configuration spelling: `text` or `json`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
+impl fmt::Display for LogFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One `[[perspectives]]` entry: a SQL perspective (SPEC §3.1).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PerspectiveSettings {
+    /// `name`: unique, non-empty, no control characters.
+    #[serde(deserialize_with = "values::string")]
+    pub name: String,
+    /// `events`: the subscribed event types; `"*"` = every type.
+    #[serde(deserialize_with = "values::string_list")]
+    pub events: Vec<String>,
+    /// `[perspectives.sql]`: event type → statement. Every listed event has one, and no
+    /// statement names an unlisted type; with `events` containing `"*"`, statements may name
+    /// any type and the `"*"` statement, required, runs for the types without their own.
+    #[serde(
+        default,
+        deserialize_with = "values::statements",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub sql: BTreeMap<String, String>,
+    /// `reset`: optional statement run by `vantage perspectives rebuild`.
+    #[serde(
+        default,
+        deserialize_with = "values::optional_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub reset: Option<String>,
+}

@@ -1,0 +1,227 @@
+//! Rules across keys and bounds that need the whole configuration, checked once on the merged
+//! result (by `config check` and every command alike). Bounds on a single value are the
+//! parsers' (see [`values`](super::values)).
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use super::database::check_pg_env;
+use super::error::ConfigError;
+use super::messages::{quote, Written};
+use super::sections::{PerspectiveSettings, Settings};
+use super::{MAX_DURATION_TEXT, MIN_EXTRA_CONNECTIONS};
+
+fn shown(d: Duration) -> String {
+    quote(&humantime::format_duration(d).to_string())
+}
+
+/// Every rule, in the order of the sections.
+pub(super) fn settings(
+    s: &Settings,
+    w: &Written,
+    env: &HashMap<String, String>,
+) -> Result<(), ConfigError> {
+    let d = &s.database;
+    // Zero would make `run` give up before its first attempt could finish (exit 69 against a
+    // healthy database): refused rather than read as "try once".
+    if d.connect_timeout.is_zero() {
+        return Err(w.invalid(
+            "database.connect_timeout",
+            shown(d.connect_timeout),
+            "a duration greater than zero (how long start-up keeps trying to reach the database)",
+        ));
+    }
+    let needed = s.worker.consumers as u64 + MIN_EXTRA_CONNECTIONS;
+    if u64::from(d.max_connections) < needed {
+        return Err(w.invalid(
+            "database.max_connections",
+            d.max_connections.to_string(),
+            format!(
+                "at least {needed} for worker.consumers = {} (a connection for each consumer, one for the work listener and one for the background loops)",
+                s.worker.consumers
+            ),
+        ));
+    }
+    if let Err((var, value, expected)) = check_pg_env(d.url.as_ref().map(|u| u.expose()), env) {
+        return Err(ConfigError::InvalidValue {
+            key: var.to_owned(),
+            value: quote(&value),
+            origin: Some("the environment".to_owned()),
+            expected: expected.to_owned(),
+        });
+    }
+
+    let wk = &s.worker;
+    if wk.lease < Duration::from_secs(1) {
+        return Err(w.invalid(
+            "worker.lease",
+            shown(wk.lease),
+            format!("a duration of at least 1s and at most {MAX_DURATION_TEXT} (leases are whole seconds in SQL)"),
+        ));
+    }
+    if wk.apply_timeout.is_zero() || wk.apply_timeout >= wk.lease {
+        return Err(w.invalid(
+            "worker.apply_timeout",
+            shown(wk.apply_timeout),
+            format!(
+                "a duration greater than zero and below worker.lease ({}): an apply must end while its lease is held",
+                shown(wk.lease)
+            ),
+        ));
+    }
+    // Zero would make the interval timers spin (tokio refuses a zero period).
+    if wk.poll_interval.is_zero() {
+        return Err(w.invalid(
+            "worker.poll_interval",
+            shown(wk.poll_interval),
+            "a duration greater than zero",
+        ));
+    }
+    if wk.retry_backoff_base > wk.retry_backoff_max {
+        return Err(w.invalid(
+            "worker.retry_backoff_base",
+            shown(wk.retry_backoff_base),
+            format!(
+                "at most worker.retry_backoff_max ({})",
+                shown(wk.retry_backoff_max)
+            ),
+        ));
+    }
+    let o = &s.orphans;
+    if o.heartbeat_interval.is_zero() {
+        return Err(w.invalid(
+            "orphans.heartbeat_interval",
+            shown(o.heartbeat_interval),
+            "a duration greater than zero",
+        ));
+    }
+    if o.stale_after <= o.heartbeat_interval {
+        return Err(w.invalid(
+            "orphans.stale_after",
+            shown(o.stale_after),
+            format!(
+                "more than orphans.heartbeat_interval ({}), or live instances would be declared dead",
+                shown(o.heartbeat_interval)
+            ),
+        ));
+    }
+    let c = &s.cooldown;
+    if c.enabled && c.max_entries == 0 {
+        return Err(w.invalid(
+            "cooldown.max_entries",
+            "0".to_owned(),
+            "a positive integer while cooldown.enabled = true",
+        ));
+    }
+    if c.enabled && c.ttl.is_zero() {
+        return Err(w.invalid(
+            "cooldown.ttl",
+            shown(c.ttl),
+            "a duration greater than zero while cooldown.enabled = true",
+        ));
+    }
+    perspectives(&s.perspectives, w)?;
+    validate_perspective_statements(&s.perspectives)
+}
+
+fn perspectives(list: &[PerspectiveSettings], w: &Written) -> Result<(), ConfigError> {
+    let mut names: HashMap<&str, usize> = HashMap::new();
+    for (i, p) in list.iter().enumerate() {
+        let at = |field: &str| format!("perspectives[{i}].{field}");
+        if p.name.trim().is_empty() {
+            return Err(w.invalid(&at("name"), quote(&p.name), "a non-empty name"));
+        }
+        // The name is a label in logs, metrics and tables: a control character would garble
+        // them (or forge a line).
+        if p.name.chars().any(char::is_control) {
+            return Err(w.invalid(
+                &at("name"),
+                quote(&p.name),
+                "a name without control characters",
+            ));
+        }
+        if let Some(first) = names.insert(&p.name, i) {
+            return Err(w.invalid(
+                &at("name"),
+                quote(&p.name),
+                format!("a name not used by another perspective (perspectives[{first}] has it)"),
+            ));
+        }
+        if p.events.is_empty() {
+            return Err(ConfigError::Invalid {
+                key: at("events"),
+                message: format!("perspective '{}' subscribes to no event type", p.name),
+            });
+        }
+        let mut seen = HashSet::new();
+        for event_type in &p.events {
+            if event_type.trim().is_empty() || !seen.insert(event_type.as_str()) {
+                let mut e = w.invalid(
+                    &at("events"),
+                    String::new(),
+                    "distinct, non-empty event types",
+                );
+                if let ConfigError::InvalidValue { value, .. } = &mut e {
+                    *value = quote(event_type);
+                }
+                return Err(e);
+            }
+        }
+        let wildcard = p.events.iter().any(|e| e == "*");
+        for (event_type, statement) in &p.sql {
+            let key = format!("perspectives[{i}].sql.{event_type}");
+            if !wildcard && !p.events.contains(event_type) {
+                return Err(ConfigError::Invalid {
+                    key,
+                    message: format!(
+                        "perspective '{}' has a statement for event type '{event_type}', which is not listed in its events",
+                        p.name
+                    ),
+                });
+            }
+            if statement.trim().is_empty() {
+                return Err(ConfigError::Invalid {
+                    key,
+                    message: "the statement is empty".to_owned(),
+                });
+            }
+        }
+        if !wildcard {
+            if let Some(event_type) = p.events.iter().find(|e| !p.sql.contains_key(*e)) {
+                return Err(ConfigError::Invalid {
+                    key: at("sql"),
+                    message: format!(
+                        "perspective '{}' lists event type '{event_type}' but has no statement for it",
+                        p.name
+                    ),
+                });
+            }
+        }
+        if p.reset.as_deref().is_some_and(|r| r.trim().is_empty()) {
+            return Err(ConfigError::Invalid {
+                key: at("reset"),
+                message: "the statement is empty".to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What can be refused about SQL perspective statements without a database (the rules are the
+/// SQL perspective's own, [`SqlPerspective::check`](crate::perspective::SqlPerspective::check)):
+/// a subscribed type with no statement to run (`"*"` needs a `"*"` statement), a parameter
+/// beyond `$7` (or any in `reset`), a statement that ends or controls the transaction. The
+/// daemon checks again after preparing, with PostgreSQL's own parameter count.
+pub(super) fn validate_perspective_statements(
+    perspectives: &[PerspectiveSettings],
+) -> Result<(), ConfigError> {
+    for (i, p) in perspectives.iter().enumerate() {
+        crate::perspective::SqlPerspective::from_settings(p)
+            .check()
+            .map_err(|e| ConfigError::Invalid {
+                key: format!("perspectives[{i}].{}", e.key),
+                message: e.to_string(),
+            })?;
+    }
+    Ok(())
+}

@@ -1,0 +1,319 @@
+//! The value parsers the sections name in `deserialize_with`: each accepts what its key
+//! accepts and otherwise fails with what it expected, which becomes the "expected …" part of
+//! the message. Scalars accept their string spelling too, because environment variables and
+//! overrides are always strings.
+//!
+//! Every bound on a single value lives here (a duration of at most [`MAX_DURATION`], at most
+//! [`MAX_CONSUMERS`] consumers, no system schema, a log filter the logger accepts); rules
+//! across keys live in [`validate`](super::validate).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::de::{self, Deserialize, Deserializer, SeqAccess, Visitor};
+
+use super::database::UrlProblem;
+use super::redact::DatabaseUrl;
+use super::sections::LogFormat;
+use super::{MAX_CONSUMERS, MAX_DURATION, MAX_DURATION_TEXT, MAX_SQL_INT};
+
+/// Marks an error message as ours: what follows is the "expected" text. Anything else that
+/// serde reports (unknown or missing fields, a table where a list belongs) is told apart by
+/// [`messages`](super::messages) from its path.
+pub(super) const EXPECTED: &str = "\u{1}expected ";
+
+fn expected<E: de::Error>(what: impl fmt::Display) -> E {
+    E::custom(format_args!("{EXPECTED}{what}"))
+}
+
+/// Whatever a layer holds at a key, before the key's parser looks at it.
+enum Scalar {
+    Bool(bool),
+    Int(i128),
+    Float,
+    Str(String),
+    List(Vec<Scalar>),
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ScalarVisitor)
+    }
+}
+
+struct ScalarVisitor;
+
+impl<'de> Visitor<'de> for ScalarVisitor {
+    type Value = Scalar;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a configuration value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Scalar, E> {
+        Ok(Scalar::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Scalar, E> {
+        Ok(Scalar::Int(v.into()))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Scalar, E> {
+        Ok(Scalar::Int(v.into()))
+    }
+    fn visit_i128<E>(self, v: i128) -> Result<Scalar, E> {
+        Ok(Scalar::Int(v))
+    }
+    fn visit_u128<E>(self, v: u128) -> Result<Scalar, E> {
+        // Beyond every bound either way.
+        Ok(Scalar::Int(i128::try_from(v).unwrap_or(i128::MAX)))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Scalar, E> {
+        Ok(Scalar::Float)
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Scalar, E> {
+        Ok(Scalar::Str(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Scalar, E> {
+        Ok(Scalar::Str(v))
+    }
+    fn visit_unit<E>(self) -> Result<Scalar, E> {
+        Ok(Scalar::Other)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Scalar, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Scalar::List(items))
+    }
+    fn visit_map<A: de::MapAccess<'de>>(self, _: A) -> Result<Scalar, A::Error> {
+        Ok(Scalar::Other)
+    }
+}
+
+impl Scalar {
+    fn integer(&self) -> Option<i128> {
+        match self {
+            Scalar::Int(n) => Some(*n),
+            Scalar::Str(s) => s.trim().parse().ok(),
+            _ => None,
+        }
+    }
+
+    fn into_string(self) -> Option<String> {
+        match self {
+            Scalar::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// An integer in `min..=max`, from a TOML integer or its decimal string.
+fn integer<'de, D: Deserializer<'de>>(
+    d: D,
+    min: u64,
+    max: u64,
+    over: impl FnOnce() -> String,
+) -> Result<u64, D::Error> {
+    let what = if min == 0 {
+        "a non-negative integer"
+    } else {
+        "a positive integer"
+    };
+    match Scalar::deserialize(d)?.integer() {
+        Some(n) if n >= i128::from(min) && n <= i128::from(max) => Ok(n as u64),
+        Some(n) if n > i128::from(max) => Err(expected(format!("{what}{}", over()))),
+        _ => Err(expected(what)),
+    }
+}
+
+fn up_to_sql_int() -> String {
+    format!(" up to {MAX_SQL_INT}")
+}
+
+pub(super) fn positive_u32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    integer(d, 1, MAX_SQL_INT, up_to_sql_int).map(|n| n as u32)
+}
+
+pub(super) fn non_negative_usize<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    integer(d, 0, MAX_SQL_INT, up_to_sql_int).map(|n| n as usize)
+}
+
+/// `worker.consumers`: each consumer is a claim loop with a database connection of its own.
+pub(super) fn consumers<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    integer(d, 1, MAX_CONSUMERS as u64, || {
+        format!(", at most {MAX_CONSUMERS} (each consumer is a claim loop with a database connection of its own)")
+    })
+    .map(|n| n as usize)
+}
+
+/// `worker.max_perspective_event_attempts`: a positive integer or `"off"`.
+pub(super) mod attempts {
+    use super::*;
+    use serde::Serializer;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+        const WHAT: &str = "a positive integer or \"off\"";
+        match Scalar::deserialize(d)? {
+            Scalar::Str(s) if s.trim().eq_ignore_ascii_case("off") => Ok(None),
+            v => match v.integer() {
+                Some(n) if n >= 1 && n <= i128::from(MAX_SQL_INT) => Ok(Some(n as u32)),
+                _ => Err(expected(WHAT)),
+            },
+        }
+    }
+
+    pub fn serialize<S: Serializer>(v: &Option<u32>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(n) => s.serialize_u32(*n),
+            None => s.serialize_str("off"),
+        }
+    }
+}
+
+/// Durations: a human string with a unit (`humantime`), at most [`MAX_DURATION`], so that
+/// no multiple the daemon takes of one (a loop's liveness bound is three intervals) can
+/// overflow. Written back through `humantime_serde`.
+pub(super) mod duration {
+    use super::*;
+    use serde::Serializer;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let parsed = match Scalar::deserialize(d)? {
+            Scalar::Str(s) => humantime::parse_duration(s.trim()).ok(),
+            _ => None,
+        };
+        match parsed {
+            Some(value) if value <= MAX_DURATION => Ok(value),
+            Some(_) => Err(expected(format!(
+                "a duration of at most {MAX_DURATION_TEXT}"
+            ))),
+            None => Err(expected(
+                "a duration with a unit, such as \"30s\", \"5m\" or \"250ms\"",
+            )),
+        }
+    }
+
+    pub fn serialize<S: Serializer>(v: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        humantime_serde::serialize(v, s)
+    }
+}
+
+pub(super) fn boolean<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    match Scalar::deserialize(d)? {
+        Scalar::Bool(b) => Ok(b),
+        Scalar::Str(s) if s.trim().eq_ignore_ascii_case("true") => Ok(true),
+        Scalar::Str(s) if s.trim().eq_ignore_ascii_case("false") => Ok(false),
+        _ => Err(expected("true or false")),
+    }
+}
+
+pub(super) fn string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Scalar::deserialize(d)?
+        .into_string()
+        .ok_or_else(|| expected("a string"))
+}
+
+pub(super) fn optional_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    string(d).map(Some)
+}
+
+pub(super) fn string_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    match Scalar::deserialize(d)? {
+        Scalar::List(items) => items
+            .into_iter()
+            .map(Scalar::into_string)
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| expected("a list of strings")),
+        _ => Err(expected("a list of strings")),
+    }
+}
+
+/// A `[perspectives.sql]` statement: a string, its error at its own key.
+struct Statement(String);
+
+impl<'de> Deserialize<'de> for Statement {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        string(d).map(Statement)
+    }
+}
+
+pub(super) fn statements<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    let map = BTreeMap::<String, Statement>::deserialize(d)?;
+    Ok(map.into_iter().map(|(k, v)| (k, v.0)).collect())
+}
+
+pub(super) fn socket_addr<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    Scalar::deserialize(d)?
+        .into_string()
+        .and_then(|s| s.trim().parse().ok())
+        .ok_or_else(|| expected("an IP address and port, such as \"127.0.0.1:9464\""))
+}
+
+pub(super) fn log_format<'de, D: Deserializer<'de>>(d: D) -> Result<LogFormat, D::Error> {
+    match Scalar::deserialize(d)?.into_string().as_deref() {
+        Some("text") => Ok(LogFormat::Text),
+        Some("json") => Ok(LogFormat::Json),
+        _ => Err(expected("\"text\" or \"json\"")),
+    }
+}
+
+/// A bare level must be a real one (catches `inof`, which the logger would take for a
+/// target); anything else must be a filter the logger itself accepts, parsed by the same
+/// parser `vantage run` uses, so `config check` and `run` agree.
+pub(super) fn log_level<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    const LEVELS: &[&str] = &["trace", "debug", "info", "warn", "error", "off"];
+    const WHAT: &str = "one of trace, debug, info, warn, error, off, or a filter directive such as \"info,vantage=debug\"";
+    let s = string(d).map_err(|_: D::Error| expected(WHAT))?;
+    let s = s.trim();
+    let directive = s.contains('=') || s.contains(',');
+    let valid = if directive {
+        tracing_subscriber::EnvFilter::builder().parse(s).is_ok()
+    } else {
+        LEVELS.iter().any(|l| l.eq_ignore_ascii_case(s))
+    };
+    if valid {
+        Ok(s.to_owned())
+    } else {
+        Err(expected(WHAT))
+    }
+}
+
+/// `^[a-z_][a-z0-9_]*$`, at most 63 bytes (PostgreSQL's identifier limit): the schema is
+/// spliced into SQL, so only what needs no quoting is accepted. And not a system schema:
+/// PostgreSQL reserves `pg_*` (`pg_catalog`, `pg_toast`, `pg_temp_N`) and `information_schema`.
+pub(super) fn schema<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = string(d)?;
+    let mut chars = s.chars();
+    let plain = matches!(chars.next(), Some('a'..='z' | '_'))
+        && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
+        && s.len() <= 63;
+    if !plain {
+        return Err(expected("a plain SQL identifier: lower-case letters, digits and _, not starting with a digit, at most 63 bytes"));
+    }
+    if s.starts_with("pg_") || s == "information_schema" {
+        return Err(expected("a schema of vantage's own, not a system schema (information_schema, or any name starting with pg_: pg_catalog, pg_toast, pg_temp…)"));
+    }
+    Ok(s)
+}
+
+/// Empty = not configured (fall back to `PG*`). Otherwise a URL the PostgreSQL client
+/// accepts, checked with the very parser the connection uses.
+pub(super) fn database_url<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<DatabaseUrl>, D::Error> {
+    let s = string(d)?;
+    if s.trim().is_empty() {
+        return Ok(None);
+    }
+    super::database::connect_options(&s).map_err(|problem| match problem {
+        UrlProblem::NotPostgres => expected("a postgres:// or postgresql:// URL"),
+        UrlProblem::Refused(reason) => expected(format!(
+            "a postgres:// or postgresql:// URL the PostgreSQL client accepts ({reason})"
+        )),
+    })?;
+    Ok(Some(DatabaseUrl::new(s)))
+}
