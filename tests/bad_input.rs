@@ -157,11 +157,19 @@ async fn refused_before_anything_is_written() {
     let mut cases = vec![
         Case {
             name: "unknown database",
-            url: url_with(&db.url, &url::Url::parse(&db.url).unwrap().username().to_owned(), None, Some("vantage_no_such_db")),
+            url: url_with(
+                &db.url,
+                &url::Url::parse(&db.url).unwrap().username().to_owned(),
+                None,
+                Some("vantage_no_such_db"),
+            ),
             config: GOOD_PERSPECTIVE,
             env: vec![],
             code: EXIT_CONFIG,
-            says: vec!["database does not exist".into(), "vantage_no_such_db".into()],
+            says: vec![
+                "database does not exist".into(),
+                "vantage_no_such_db".into(),
+            ],
             never_says: vec!["unreachable".into()],
         },
         Case {
@@ -170,7 +178,10 @@ async fn refused_before_anything_is_written() {
             config: GOOD_PERSPECTIVE,
             env: vec![],
             code: EXIT_CONFIG,
-            says: vec!["authentication failed".into(), "vantage_no_such_role".into()],
+            says: vec![
+                "authentication failed".into(),
+                "vantage_no_such_role".into(),
+            ],
             never_says: vec!["unreachable".into()],
         },
         Case {
@@ -206,7 +217,9 @@ async fn refused_before_anything_is_written() {
                 password.into(),
             ],
         }),
-        None => eprintln!("DATABASE_URL is set: the wrong-password case needs the throwaway server"),
+        None => {
+            eprintln!("DATABASE_URL is set: the wrong-password case needs the throwaway server")
+        }
     }
 
     for case in &cases {
@@ -255,10 +268,7 @@ async fn a_changed_migration_checksum_exits_78_and_writes_nothing() {
             config: GOOD_PERSPECTIVE,
             env: vec![("VANTAGE__DATABASE__AUTO_MIGRATE", auto_migrate.into())],
             code: EXIT_CONFIG,
-            says: vec![
-                format!("migration {version}"),
-                "checksum".into(),
-            ],
+            says: vec![format!("migration {version}"), "checksum".into()],
             never_says: vec![],
         };
         let out = run_case(dir.path(), &case).await;

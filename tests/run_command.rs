@@ -256,7 +256,11 @@ async fn unreachable_database_exits_69_naming_host_and_port_but_not_the_password
             &url,
             "run",
         ],
-        &[("VANTAGE__DATABASE__CONNECT_TIMEOUT", "2s")],
+        // http.listen is bound before connecting: a free port, whatever else runs here.
+        &[
+            ("VANTAGE__DATABASE__CONNECT_TIMEOUT", "2s"),
+            ("VANTAGE__HTTP__LISTEN", "127.0.0.1:0"),
+        ],
     )
     .await;
     assert_eq!(out.code, Some(EXIT_UNAVAILABLE), "{out:#?}");
@@ -292,7 +296,11 @@ async fn unreachable_database_is_retried_for_the_whole_connect_timeout() {
             &url,
             "run",
         ],
-        &[("VANTAGE__DATABASE__CONNECT_TIMEOUT", "2s")],
+        // http.listen is bound before connecting: a free port, whatever else runs here.
+        &[
+            ("VANTAGE__DATABASE__CONNECT_TIMEOUT", "2s"),
+            ("VANTAGE__HTTP__LISTEN", "127.0.0.1:0"),
+        ],
     )
     .await;
     assert_eq!(out.code, Some(EXIT_UNAVAILABLE), "{out:#?}");
@@ -614,12 +622,20 @@ async fn sigterm_while_connecting_exits_0_with_a_log_line() {
         dir.path(),
         "connecting",
     );
-    wait_for_log(&mut daemon, "database not reachable yet", Duration::from_secs(20)).await;
+    wait_for_log(
+        &mut daemon,
+        "database not reachable yet",
+        Duration::from_secs(20),
+    )
+    .await;
     daemon.signal(Signal::SIGTERM);
     let code = daemon.wait(Duration::from_secs(10)).await;
     let log = daemon.log_text();
     assert_eq!(code, Some(0), "log:\n{log}");
-    assert!(log.contains("during start-up"), "no log line says why it stopped:\n{log}");
+    assert!(
+        log.contains("during start-up"),
+        "no log line says why it stopped:\n{log}"
+    );
 }
 
 /// SIGTERM while the daemon waits inside a migration (the schema is being created by another
@@ -680,7 +696,10 @@ async fn sigterm_while_migrating_exits_0_with_a_log_line() {
     .await;
     let _ = sqlx::raw_sql("ROLLBACK").execute(&mut holder).await;
     assert_eq!(code, Some(0), "log:\n{log}");
-    assert!(log.contains("during start-up"), "no log line says why it stopped:\n{log}");
+    assert!(
+        log.contains("during start-up"),
+        "no log line says why it stopped:\n{log}"
+    );
 }
 
 /// SIGHUP is ignored (logged); the daemon keeps running and still stops gracefully.
@@ -696,22 +715,40 @@ async fn sighup_is_ignored_and_the_daemon_keeps_running() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "vantage.toml", Some(&db.url), GOOD_PERSPECTIVE);
     let mut daemon = spawn_running(dir.path(), &config_arg(&config), &[], "sighup").await;
-    let addr = daemon.wait_running(Duration::from_secs(30)).await.expect("HTTP address");
+    let addr = daemon
+        .wait_running(Duration::from_secs(30))
+        .await
+        .expect("HTTP address");
     daemon.signal(Signal::SIGHUP);
     wait_for_log(&mut daemon, "SIGHUP", Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(daemon.try_exit(), None, "SIGHUP ended the daemon:\n{}", daemon.log_text());
+    assert_eq!(
+        daemon.try_exit(),
+        None,
+        "SIGHUP ended the daemon:\n{}",
+        daemon.log_text()
+    );
     let (status, body) = rs::http_get(addr, "/healthz").await.expect("GET /healthz");
     assert_eq!(status, 200, "{body}");
     append(&admin, Uuid::new_v4(), 3).await;
-    wait_for(&admin, "SELECT count(*) FROM public.cli_applied", 3, Duration::from_secs(30), &daemon).await;
+    wait_for(
+        &admin,
+        "SELECT count(*) FROM public.cli_applied",
+        3,
+        Duration::from_secs(30),
+        &daemon,
+    )
+    .await;
 
     daemon.signal(Signal::SIGTERM);
     let code = daemon.wait(Duration::from_secs(30)).await;
     let log = daemon.log_text();
     assert_eq!(code, Some(0), "log:\n{log}");
     assert!(log.contains("vantage stopped"), "{log}");
-    assert_eq!(rs::scalar(&admin, "SELECT count(*) FROM wh_service_instances").await, 0);
+    assert_eq!(
+        rs::scalar(&admin, "SELECT count(*) FROM wh_service_instances").await,
+        0
+    );
 }
 
 /// A second SIGTERM during the drain exits at once, with the forced-exit code (not 1, the code
@@ -751,7 +788,11 @@ Tick = "INSERT INTO public.cli_applied (stream_id, version) SELECT $2, $6 FROM p
     .await
         == 0
     {
-        assert!(started.elapsed() < Duration::from_secs(20), "{}", daemon.log_tail(20));
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{}",
+            daemon.log_tail(20)
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     daemon.signal(Signal::SIGTERM);
@@ -761,7 +802,11 @@ Tick = "INSERT INTO public.cli_applied (stream_id, version) SELECT $2, $6 FROM p
     let code = daemon.wait(Duration::from_secs(10)).await;
     let log = daemon.log_text();
     assert_eq!(code, Some(EXIT_FORCED), "log:\n{log}");
-    assert!(sent.elapsed() < Duration::from_secs(5), "not at once: {:?}", sent.elapsed());
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "not at once: {:?}",
+        sent.elapsed()
+    );
     assert!(log.contains("second signal"), "{log}");
 }
 
@@ -773,7 +818,11 @@ Tick = "INSERT INTO public.cli_applied (stream_id, version) SELECT $2, $6 FROM p
 async fn the_daemon_role_starts_on_a_current_schema_and_gets_a_hint_otherwise() {
     // Roles are global to the server: only on the throwaway one.
     let db = common::fresh_database().await;
-    if tokio::task::spawn_blocking(common::throwaway_server).await.unwrap().is_none() {
+    if tokio::task::spawn_blocking(common::throwaway_server)
+        .await
+        .unwrap()
+        .is_none()
+    {
         eprintln!("DATABASE_URL is set: this test creates roles, so it needs the throwaway server");
         return;
     }
@@ -789,7 +838,11 @@ async fn the_daemon_role_starts_on_a_current_schema_and_gets_a_hint_otherwise() 
     )
     .unwrap();
     rs::exec(&admin, &privileges).await;
-    rs::exec(&admin, "GRANT SELECT, INSERT ON public.cli_applied TO vantage_daemon").await;
+    rs::exec(
+        &admin,
+        "GRANT SELECT, INSERT ON public.cli_applied TO vantage_daemon",
+    )
+    .await;
 
     let mut url = url::Url::parse(&db.url).unwrap();
     url.set_username("vantage_daemon").unwrap();
@@ -797,10 +850,20 @@ async fn the_daemon_role_starts_on_a_current_schema_and_gets_a_hint_otherwise() 
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "vantage.toml", Some(&url), GOOD_PERSPECTIVE);
     let mut daemon = spawn_running(dir.path(), &config_arg(&config), &[], "daemon-role").await;
-    let addr = daemon.wait_running(Duration::from_secs(30)).await.expect("HTTP address");
+    let addr = daemon
+        .wait_running(Duration::from_secs(30))
+        .await
+        .expect("HTTP address");
     rs::wait_http_status(addr, "/readyz", 200, Duration::from_secs(10)).await;
     append(&admin, Uuid::new_v4(), 3).await;
-    wait_for(&admin, "SELECT count(*) FROM public.cli_applied", 3, Duration::from_secs(30), &daemon).await;
+    wait_for(
+        &admin,
+        "SELECT count(*) FROM public.cli_applied",
+        3,
+        Duration::from_secs(30),
+        &daemon,
+    )
+    .await;
     daemon.signal(Signal::SIGTERM);
     let code = daemon.wait(Duration::from_secs(30)).await;
     let log = daemon.log_text();
@@ -821,10 +884,20 @@ async fn the_daemon_role_starts_on_a_current_schema_and_gets_a_hint_otherwise() 
     )
     .await;
     assert_eq!(out.code, Some(EXIT_CONFIG), "{out:#?}");
-    for want in ["permission denied", "vantage migrate", "auto_migrate = false"] {
-        assert!(out.stderr.contains(want), "stderr should say {want:?}: {out:#?}");
+    for want in [
+        "permission denied",
+        "vantage migrate",
+        "auto_migrate = false",
+    ] {
+        assert!(
+            out.stderr.contains(want),
+            "stderr should say {want:?}: {out:#?}"
+        );
     }
-    assert_eq!(rs::scalar(&admin, "SELECT count(*) FROM wh_service_instances").await, 0);
+    assert_eq!(
+        rs::scalar(&admin, "SELECT count(*) FROM wh_service_instances").await,
+        0
+    );
 }
 
 /// A start on a schema that is already current logs no "already exists, skipping" notice.
@@ -855,7 +928,11 @@ async fn spawn_running(dir: &Path, config: &str, env: &[(&str, &str)], name: &st
         ("VANTAGE__LOG__LEVEL", "info"),
     ];
     all.extend_from_slice(env);
-    Daemon::spawn(rs::vantage(dir, &["--config", config, "run"], &all), dir, name)
+    Daemon::spawn(
+        rs::vantage(dir, &["--config", config, "run"], &all),
+        dir,
+        name,
+    )
 }
 
 async fn wait_for_log(daemon: &mut Daemon, needle: &str, limit: Duration) {
@@ -865,7 +942,10 @@ async fn wait_for_log(daemon: &mut Daemon, needle: &str, limit: Duration) {
             return;
         }
         if let Some(code) = daemon.try_exit() {
-            panic!("exited ({code:?}) before logging {needle:?}:\n{}", daemon.log_text());
+            panic!(
+                "exited ({code:?}) before logging {needle:?}:\n{}",
+                daemon.log_text()
+            );
         }
         assert!(
             started.elapsed() < limit,

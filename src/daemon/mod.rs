@@ -1,12 +1,17 @@
-//! The daemon: start-up checks, consumer loops, background loops, graceful shutdown.
+//! The daemon: start-up checks, consumer loops, background tasks, graceful shutdown.
 //!
-//! [`DaemonBuilder::start`] takes no signal handler of its own: callers stop it through
-//! [`RunningDaemon::shutdown`] (tests, embedders) and `vantage run` wires SIGTERM/SIGINT to it.
+//! [`DaemonBuilder::start`] installs no signal handler: it stops when the token given to
+//! [`DaemonBuilder::shutdown_on`] (or [`RunningDaemon::shutdown_token`]) is cancelled, as
+//! mini-redis's `server::run(listener, shutdown)` does. Only the binary's front end
+//! (`crate::cli`) knows about signals and exit codes.
 
 mod background;
 mod consumer;
 mod listener;
 
+pub use background::{Activator, TaskStatus};
+
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,58 +22,49 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cli::{exit, GlobalArgs};
+use self::background::{Driver, Heartbeat, LeaseRenewal, Sampler};
 use crate::config::Settings;
 use crate::perspective::{Perspective, PerspectiveRegistry, RegistryError};
-use crate::pipeline::apply::ApplyContext;
-use crate::pipeline::claim::ClaimLimits;
 use crate::pipeline::cooldown::CooldownCache;
 use crate::pipeline::inflight::InFlight;
 use crate::pipeline::Pipeline;
 use crate::store::{InstanceId, InstanceInfo, Store, StoreError, StoreOptions};
-use crate::telemetry::http::{Health, HttpState};
+use crate::telemetry::health::Health;
+use crate::telemetry::http::HttpState;
 
-/// Why the daemon could not start or stopped abnormally; each maps to an exit code.
+/// Why the daemon could not start or stopped abnormally (`crate::cli::exit` maps each to an
+/// exit code).
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
-    /// Configuration problem (bad perspective statement, none configured, schema mismatch).
+    /// Configuration problem (bad perspective statement, none configured, an HTTP address that
+    /// cannot be bound).
     #[error("{0}")]
     Config(String),
-    /// The database stayed unreachable past `database.connect_timeout`.
+    /// The database: unreachable past `database.connect_timeout`, refused the credentials,
+    /// has no such database, or a schema this binary cannot run on.
     #[error(transparent)]
-    Unreachable(StoreError),
+    Store(StoreError),
+    /// The shutdown token was cancelled during start-up: nothing was claimed, nothing is left
+    /// registered.
+    #[error("stopped during start-up")]
+    Stopped,
     /// Anything else.
     #[error("{0}")]
     Internal(String),
 }
 
-impl DaemonError {
-    /// The process exit code for this error (SPEC §5).
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            DaemonError::Config(_) => exit::CONFIG,
-            DaemonError::Unreachable(_) => exit::UNAVAILABLE,
-            DaemonError::Internal(_) => exit::FAILURE,
-        }
-    }
-}
-
 impl From<RegistryError> for DaemonError {
     fn from(e: RegistryError) -> Self {
         match e {
-            RegistryError::Store(e) => store_error(e),
+            RegistryError::Store(e) => DaemonError::Store(e),
             other => DaemonError::Config(other.to_string()),
         }
     }
 }
 
-fn store_error(e: StoreError) -> DaemonError {
-    match e {
-        e @ (StoreError::SchemaNewer(_)
-        | StoreError::SchemaBehind(_)
-        | StoreError::InvalidUrl(_)) => DaemonError::Config(e.to_string()),
-        e if e.is_connection_error() => DaemonError::Unreachable(e),
-        e => DaemonError::Internal(e.to_string()),
+impl From<StoreError> for DaemonError {
+    fn from(e: StoreError) -> Self {
+        DaemonError::Store(e)
     }
 }
 
@@ -80,6 +76,7 @@ pub struct DaemonBuilder {
     cooldown: Option<Arc<CooldownCache>>,
     http: HttpMode,
     instance: InstanceId,
+    shutdown: CancellationToken,
 }
 
 enum HttpMode {
@@ -98,6 +95,7 @@ impl DaemonBuilder {
             cooldown: None,
             http: HttpMode::FromSettings,
             instance: InstanceId::new(),
+            shutdown: CancellationToken::new(),
         }
     }
 
@@ -143,28 +141,32 @@ impl DaemonBuilder {
         self
     }
 
-    /// Connects, migrates (unless `database.auto_migrate = false`), registers and prepares the
-    /// perspectives, registers the instance, and starts every loop.
-    pub async fn start(self) -> Result<RunningDaemon, DaemonError> {
-        let settings = Arc::new(self.settings);
-        let instance = self.instance;
-        let store = match self.store {
-            Some(s) => s,
-            None => Store::connect(&daemon_store_options(&settings, instance))
-                .await
-                .map_err(store_error)?,
-        };
-        if settings.database.auto_migrate {
-            let applied = store.migrate().await.map_err(store_error)?;
-            for m in applied {
-                tracing::info!(version = m.version, description = %m.description, "applied migration");
-            }
-        } else {
-            store.check_migrations().await.map_err(store_error)?;
-        }
+    /// Stops the daemon when `token` is cancelled: during [`start`](Self::start), which then
+    /// returns [`DaemonError::Stopped`] (a connection retried or a migration waited on is
+    /// abandoned), and afterwards, with the graceful shutdown.
+    pub fn shutdown_on(mut self, token: CancellationToken) -> Self {
+        self.shutdown = token;
+        self
+    }
 
+    /// Checks what needs no database (perspectives, the HTTP address), connects, migrates
+    /// (unless `database.auto_migrate = false`), prepares and registers the perspectives,
+    /// registers the instance, and starts every loop.
+    pub async fn start(self) -> Result<RunningDaemon, DaemonError> {
+        let DaemonBuilder {
+            settings,
+            extra,
+            store,
+            cooldown,
+            http,
+            instance,
+            shutdown,
+        } = self;
+        let settings = Arc::new(settings);
+
+        // First what fails without a database, so such a start writes nothing.
         let mut registry = PerspectiveRegistry::from_settings(&settings.perspectives)?;
-        for p in self.extra {
+        for p in extra {
             registry.add(p)?;
         }
         if registry.is_empty() {
@@ -173,22 +175,33 @@ impl DaemonBuilder {
                     .into(),
             ));
         }
-        crate::perspective::prepare_sql_perspectives(&store, &settings.perspectives).await?;
-        registry.register_all(&store).await?;
-
-        let info = InstanceInfo::current("vantage");
-        store
-            .heartbeat(instance, &info)
-            .await
-            .map_err(store_error)?;
-
+        let listener = match http {
+            HttpMode::Off => None,
+            HttpMode::Listener(l) => Some(l),
+            HttpMode::FromSettings => Some(
+                crate::telemetry::http::bind(settings.http.listen)
+                    .await
+                    .map(|(l, _)| l)
+                    .map_err(|e| DaemonError::Config(e.to_string()))?,
+            ),
+        };
         let metrics = crate::telemetry::recorder::install()
             .map_err(|e| DaemonError::Internal(e.to_string()))?;
+
+        // Until the instance is registered, a stop abandons the start: nothing to give back.
+        let store = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return Err(DaemonError::Stopped),
+            store = prepare_database(store, &settings, instance, &registry) => store?,
+        };
+        let info = InstanceInfo::current("vantage");
+        store.heartbeat(instance, &info).await?;
+        // From here on a stop is the graceful shutdown (the supervisor below).
+
         let health = Health::new();
         health.set_database_ok(true);
         health.set_migrations_current(true);
-
-        let cooldown = match self.cooldown {
+        let cooldown = match cooldown {
             Some(c) => Some(c),
             None if settings.cooldown.enabled => Some(Arc::new(CooldownCache::new(
                 settings.cooldown.ttl,
@@ -203,55 +216,28 @@ impl DaemonBuilder {
         let mut consumer_tasks = Vec::new();
         let background = TaskTracker::new();
 
-        // HTTP first, so a port conflict fails start-up before any work is claimed.
-        let http_addr = match self.http {
-            HttpMode::Off => None,
-            mode => {
-                let listener = match mode {
-                    HttpMode::Listener(l) => l,
-                    _ => crate::telemetry::http::bind(settings.http.listen)
-                        .await
-                        .map(|(l, _)| l)
-                        .map_err(|e| DaemonError::Internal(e.to_string()))?,
-                };
-                let addr = listener.local_addr().ok();
-                let state = HttpState::new(metrics, health.clone());
-                let token = stop_background.clone();
-                background.spawn(async move {
-                    if let Err(error) =
-                        crate::telemetry::http::serve_on(listener, state, token).await
-                    {
-                        tracing::error!(%error, "HTTP server failed");
-                    }
-                });
-                addr
-            }
-        };
+        let http_addr = listener.map(|listener| {
+            let addr = listener.local_addr().ok();
+            let state = HttpState::new(metrics, health.clone());
+            let token = stop_background.clone();
+            background.spawn(async move {
+                if let Err(error) = crate::telemetry::http::serve_on(listener, state, token).await {
+                    tracing::error!(%error, "HTTP server failed");
+                }
+            });
+            addr
+        });
+        let http_addr = http_addr.flatten();
 
-        let inflight = InFlight::new();
         let names = registry.names();
-        let pipeline = Pipeline {
-            ctx: ApplyContext {
-                store: store.clone(),
-                instance,
-                registry,
-                cooldown: cooldown.clone(),
-                backoff_base: settings.worker.retry_backoff_base,
-                backoff_max: settings.worker.retry_backoff_max,
-                max_attempts: settings.worker.max_perspective_event_attempts,
-                apply_timeout: settings.worker.apply_timeout,
-                small_transactions: Default::default(),
-                inflight: Arc::clone(&inflight),
-            },
-            limits: ClaimLimits {
-                lease: settings.worker.lease,
-                max_streams: settings.worker.max_streams_per_claim,
-                batch_size: settings.worker.batch_size,
-            },
-            perspectives: names.clone(),
-            inflight: Arc::clone(&inflight),
-            dead_letters_enabled: true,
-        };
+        let pipeline = Pipeline::new(
+            store.clone(),
+            instance,
+            registry,
+            cooldown.clone(),
+            &settings.worker,
+        );
+        let inflight = Arc::clone(&pipeline.inflight);
 
         let (wake_tx, wake_rx) = watch::channel(0u64);
         let wake_tx = Arc::new(wake_tx);
@@ -265,58 +251,71 @@ impl DaemonBuilder {
                 beat.finish();
             }));
         }
-        for id in 0..settings.worker.consumers {
+        let worker = &settings.worker;
+        for id in 0..worker.consumers {
             let pipeline = pipeline.clone();
             let wake = wake_rx.clone();
             let token = stop_claiming.clone();
-            let poll = settings.worker.poll_interval;
+            let poll = worker.poll_interval;
             // A batch may legitimately take long; liveness only flags a loop silent for long.
-            let stale = (settings.worker.lease * 3).max(poll * 3);
+            let stale = (worker.lease * 3).max(poll * 3);
             let beat = health.register_loop(format!("consumer-{id}"), stale);
             consumer_tasks.push(consumers.spawn(async move {
                 consumer::run(id, pipeline, wake, poll, token, || beat.beat()).await;
                 beat.finish();
             }));
         }
-        background.spawn(background::heartbeat(
-            store.clone(),
-            instance,
-            info,
-            Arc::clone(&settings),
-            health.clone(),
-            stop_background.clone(),
-            health.register_loop("heartbeat", settings.orphans.heartbeat_interval * 3),
-        ));
-        background.spawn(background::renew_leases(
-            store.clone(),
-            instance,
-            Arc::clone(&inflight),
-            settings.worker.lease,
-            stop_background.clone(),
-            health.register_loop("lease-renewal", settings.worker.lease),
-        ));
+
+        let driver = Driver::new(health.clone(), stop_background.clone(), background.clone());
+        let orphans = &settings.orphans;
+        driver.spawn(
+            "heartbeat",
+            orphans.heartbeat_interval,
+            orphans.heartbeat_interval * 3,
+            Heartbeat {
+                store: store.clone(),
+                instance,
+                info,
+                settings: Arc::clone(&settings),
+                health: health.clone(),
+            },
+        );
+        driver.spawn(
+            "lease-renewal",
+            LeaseRenewal::period(worker.lease),
+            worker.lease,
+            LeaseRenewal {
+                store: store.clone(),
+                instance,
+                inflight: Arc::clone(&inflight),
+                lease: worker.lease,
+            },
+        );
+        driver.spawn(
+            "sampler",
+            Sampler::PERIOD,
+            Duration::from_secs(30),
+            Sampler {
+                store: store.clone(),
+                health: health.clone(),
+                cooldown: cooldown.clone(),
+                round: 0,
+            },
+        );
         background.spawn(background::systemd_watchdog(
             health.clone(),
             stop_background.clone(),
         ));
-        background.spawn(background::sampler(
-            store.clone(),
-            health.clone(),
-            cooldown.clone(),
-            stop_background.clone(),
-            health.register_loop("sampler", Duration::from_secs(30)),
-        ));
 
-        tracing::info!(%instance, perspectives = ?names, consumers = settings.worker.consumers,
+        tracing::info!(%instance, perspectives = ?names, consumers = worker.consumers,
             http = ?http_addr, schema = %store.schema(), database = %store.target(), "vantage is running");
         let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
 
-        let shutdown = CancellationToken::new();
         let supervisor = {
             let shutdown = shutdown.clone();
             let health = health.clone();
             let store = store.clone();
-            let grace = settings.worker.shutdown_grace;
+            let grace = worker.shutdown_grace;
             let stop_inflight = Arc::clone(&inflight);
             tokio::spawn(async move {
                 shutdown.cancelled().await;
@@ -344,9 +343,34 @@ impl DaemonBuilder {
             http_addr,
             cooldown,
             inflight,
+            driver,
             supervisor,
         })
     }
+}
+
+/// Connects (unless given a store), brings the schema up to date or checks it, prepares the
+/// SQL perspectives and registers every perspective. Abandoned as a whole by a stop.
+async fn prepare_database(
+    store: Option<Store>,
+    settings: &Settings,
+    instance: InstanceId,
+    registry: &PerspectiveRegistry,
+) -> Result<Store, DaemonError> {
+    let store = match store {
+        Some(s) => s,
+        None => Store::connect(&daemon_store_options(settings, instance)).await?,
+    };
+    if settings.database.auto_migrate {
+        for m in store.migrate().await? {
+            tracing::info!(version = m.version, description = %m.description, "applied migration");
+        }
+    } else {
+        store.check_migrations().await?;
+    }
+    crate::perspective::prepare_sql_perspectives(&store, &settings.perspectives).await?;
+    registry.register_all(&store).await?;
+    Ok(store)
 }
 
 struct DrainAndStop {
@@ -462,6 +486,7 @@ pub struct RunningDaemon {
     http_addr: Option<SocketAddr>,
     cooldown: Option<Arc<CooldownCache>>,
     inflight: Arc<InFlight>,
+    driver: Driver,
     supervisor: JoinHandle<Result<(), DaemonError>>,
 }
 
@@ -491,6 +516,16 @@ impl RunningDaemon {
         &self.inflight
     }
 
+    /// The latest status of each background task (`heartbeat`, `lease-renewal`, `sampler`).
+    pub fn background_status(&self) -> BTreeMap<String, TaskStatus> {
+        self.driver.statuses()
+    }
+
+    /// Wakes the background task named `name` before its timer would; false if there is none.
+    pub fn activate(&self, name: &str) -> bool {
+        self.driver.activator(name).map(|a| a.activate()).is_some()
+    }
+
     /// A token that starts the graceful shutdown when cancelled.
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
@@ -510,56 +545,5 @@ impl RunningDaemon {
                 "supervisor task failed: {e}"
             ))),
         }
-    }
-}
-
-/// `vantage run`.
-pub async fn run_command(global: &GlobalArgs) -> i32 {
-    let settings = match global.load_settings() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("vantage: {e}");
-            return exit::CONFIG;
-        }
-    };
-    if let Err(e) = crate::telemetry::logging::init(&settings.log) {
-        eprintln!("vantage: {e}");
-        return exit::CONFIG;
-    }
-    let daemon = match DaemonBuilder::new(settings).start().await {
-        Ok(d) => d,
-        Err(e) => {
-            tracing::error!(error = %e, "vantage could not start");
-            eprintln!("vantage: {e}");
-            return e.exit_code();
-        }
-    };
-    let token = daemon.shutdown_token();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("signal received: shutting down gracefully (send it again to exit at once)");
-        token.cancel();
-        wait_for_signal().await;
-        tracing::warn!("second signal: exiting at once");
-        std::process::exit(exit::FAILURE);
-    });
-    match daemon.wait().await {
-        Ok(()) => exit::OK,
-        Err(e) => {
-            eprintln!("vantage: {e}");
-            e.exit_code()
-        }
-    }
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
     }
 }
