@@ -159,7 +159,7 @@ async fn refused_before_anything_is_written() {
             name: "unknown database",
             url: url_with(
                 &db.url,
-                &url::Url::parse(&db.url).unwrap().username().to_owned(),
+                url::Url::parse(&db.url).unwrap().username(),
                 None,
                 Some("vantage_no_such_db"),
             ),

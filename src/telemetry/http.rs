@@ -11,9 +11,23 @@
 //! database and calls [`Health::set_database_ok`]), so a probe never waits on a slow database.
 //! Their body is a small JSON object: `{"status":"ok"}` or
 //! `{"status":"unavailable","reason":"database unreachable"}`.
+//!
+//! Connections are bounded so that slow or half-sent requests cannot starve the probes (nor
+//! use up the process's file descriptors): a connection must send its request head within
+//! [`Limits::request_head_timeout`] of being accepted or answered, and at most
+//! [`Limits::max_connections`] are served at once. At the cap, a new connection is taken and the
+//! oldest one that has not been answered yet (else the oldest idle one) is closed, so a probe
+//! always gets in.
 
+use std::collections::VecDeque;
 use std::fmt;
+use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use axum::extract::State;
@@ -22,7 +36,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
 pub use super::health::{Health, LoopHeartbeat, Unavailable};
@@ -105,6 +121,7 @@ pub async fn serve(
 /// Serves the routes on an already bound listener until `shutdown` is cancelled, then stops
 /// accepting and returns once open requests are answered. While running it also performs the
 /// recorder's periodic upkeep (folding histogram samples into buckets between scrapes).
+/// Connections are bounded by the default [`Limits`].
 ///
 /// Cancel the token only after the rest of the daemon has drained, so `/readyz` can report
 /// "shutting down" and `/metrics` stays scrapable meanwhile.
@@ -116,13 +133,269 @@ pub async fn serve_on(
     state: HttpState,
     shutdown: CancellationToken,
 ) -> Result<(), TelemetryError> {
+    serve_with(listener, state, shutdown, Limits::default()).await
+}
+
+/// [`serve_on`] with other connection limits.
+///
+/// # Errors
+/// [`TelemetryError::Serve`] if the server fails.
+pub async fn serve_with(
+    listener: TcpListener,
+    state: HttpState,
+    shutdown: CancellationToken,
+    limits: Limits,
+) -> Result<(), TelemetryError> {
     let upkeep = tokio::spawn(upkeep(state.metrics.clone(), shutdown.clone()));
+    let listener = BoundedListener {
+        inner: listener,
+        limits,
+        open: Arc::default(),
+    };
     let result = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await
         .map_err(TelemetryError::Serve);
     upkeep.abort();
     result
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connection limits
+
+/// How long a connection may take to send a request head, counted from when it was accepted
+/// or last answered (so it is also how long an idle keep-alive connection is kept).
+pub const REQUEST_HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Most connections served at once (far below the unit's `LimitNOFILE`, leaving room for the
+/// database pool).
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// Bounds on the HTTP connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Most connections served at once.
+    pub max_connections: usize,
+    /// Time to send a request head, from accept or from the last response.
+    pub request_head_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: MAX_CONNECTIONS,
+            request_head_timeout: REQUEST_HEAD_TIMEOUT,
+        }
+    }
+}
+
+/// What the listener knows about one open connection.
+#[derive(Default)]
+struct ConnState {
+    /// A response has been written on it.
+    answered: AtomicBool,
+    /// Its last I/O was a response written (it waits for the next request).
+    idle: AtomicBool,
+    /// The listener closed it to make room.
+    evicted: AtomicBool,
+    /// Dropped.
+    closed: AtomicBool,
+    /// The task waiting to read from it, woken on eviction.
+    reader: Mutex<Option<Waker>>,
+}
+
+impl ConnState {
+    fn evict(&self) {
+        self.evicted.store(true, Ordering::Release);
+        let waker = self
+            .reader
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    fn live(&self) -> bool {
+        !self.closed.load(Ordering::Acquire) && !self.evicted.load(Ordering::Acquire)
+    }
+}
+
+type OpenConnections = Arc<Mutex<VecDeque<Arc<ConnState>>>>;
+
+/// A TCP listener that enforces [`Limits`].
+struct BoundedListener {
+    inner: TcpListener,
+    limits: Limits,
+    open: OpenConnections,
+}
+
+impl BoundedListener {
+    /// Makes room for one more connection; false if every slot is busy answering (then the new
+    /// connection is turned away).
+    fn admit(&self, conn: &Arc<ConnState>) -> bool {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        open.retain(|c| !c.closed.load(Ordering::Acquire));
+        let live = open.iter().filter(|c| c.live()).count();
+        if live >= self.limits.max_connections.max(1) {
+            let victim = open
+                .iter()
+                .find(|c| c.live() && !c.answered.load(Ordering::Acquire))
+                .or_else(|| {
+                    open.iter()
+                        .find(|c| c.live() && c.idle.load(Ordering::Acquire))
+                });
+            match victim {
+                Some(victim) => victim.evict(),
+                None => return false,
+            }
+        }
+        open.push_back(Arc::clone(conn));
+        true
+    }
+}
+
+impl axum::serve::Listener for BoundedListener {
+    type Io = BoundedIo;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (BoundedIo, SocketAddr) {
+        loop {
+            // axum's own accept: retries, and backs off on errors such as EMFILE.
+            let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+            let conn = Arc::new(ConnState::default());
+            if !self.admit(&conn) {
+                tracing::debug!(%addr, "HTTP connection refused: every slot is answering a request");
+                continue;
+            }
+            let timeout = self.limits.request_head_timeout;
+            return (
+                BoundedIo {
+                    stream,
+                    conn,
+                    timeout,
+                    deadline: Box::pin(tokio::time::sleep(timeout)),
+                },
+                addr,
+            );
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+/// A connection under [`Limits`]: its reads fail once the request-head deadline has passed or
+/// the listener evicted it, which makes the server close it.
+struct BoundedIo {
+    stream: TcpStream,
+    conn: Arc<ConnState>,
+    timeout: Duration,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl BoundedIo {
+    fn answered(&mut self) {
+        self.conn.answered.store(true, Ordering::Release);
+        self.conn.idle.store(true, Ordering::Release);
+        self.deadline.as_mut().reset(Instant::now() + self.timeout);
+    }
+}
+
+fn evicted() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "closed to make room for another connection",
+    )
+}
+
+impl AsyncRead for BoundedIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.conn.evicted.load(Ordering::Acquire) {
+            return Poll::Ready(Err(evicted()));
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut this.stream).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    this.conn.idle.store(false, Ordering::Release);
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                *this
+                    .conn
+                    .reader
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(cx.waker().clone());
+                // Evicted between the check above and storing the waker: nobody will wake us.
+                if this.conn.evicted.load(Ordering::Acquire) {
+                    return Poll::Ready(Err(evicted()));
+                }
+                if this.deadline.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "no complete request in time",
+                    )));
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl AsyncWrite for BoundedIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.stream).poll_write(cx, buf);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            this.answered();
+        }
+        written
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            this.answered();
+        }
+        written
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+impl Drop for BoundedIo {
+    fn drop(&mut self) {
+        self.conn.closed.store(true, Ordering::Release);
+    }
 }
 
 async fn upkeep(handle: PrometheusHandle, shutdown: CancellationToken) {
@@ -319,5 +592,129 @@ mod tests {
         assert!(body.contains(super::super::metrics::BUILD_INFO), "{body}");
         shutdown.cancel();
         task.await.expect("server stops");
+    }
+
+    /// Opens `n` connections that each send part of a request head and then nothing; each
+    /// waits for the server to close it and counts that in the returned counter.
+    async fn half_sent(addr: SocketAddr, n: usize) -> Arc<std::sync::atomic::AtomicUsize> {
+        let closed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for _ in 0..n {
+            let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            stream
+                .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+                .await
+                .expect("write");
+            let closed = Arc::clone(&closed);
+            tokio::spawn(async move {
+                let mut buf = [0u8; 256];
+                loop {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                }
+                closed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+        closed
+    }
+
+    async fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+        let started = std::time::Instant::now();
+        while !done() {
+            assert!(started.elapsed() < limit, "{what} within {limit:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_thousand_half_sent_requests_cannot_starve_the_probes() {
+        let (addr, shutdown, task) = start(Health::new()).await;
+        let closed = half_sent(addr, 1000).await;
+        // The probe answers at once, although 1000 requests hang half-sent.
+        let (status, _, body) = tokio::time::timeout(Duration::from_secs(2), get(addr, "/healthz"))
+            .await
+            .expect("/healthz answers promptly");
+        assert_eq!((status, body.as_str()), (200, r#"{"status":"ok"}"#));
+        // The server keeps at most its cap of them open: the others are closed (and with them
+        // their file descriptors).
+        wait_until(
+            Duration::from_secs(10),
+            "the connections over the cap are closed",
+            || closed.load(std::sync::atomic::Ordering::SeqCst) >= 1000 - MAX_CONNECTIONS,
+        )
+        .await;
+        shutdown.cancel();
+        task.await.expect("server stops");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_head_not_sent_in_time_is_closed_and_answered_connections_are_kept() {
+        let handle = super::super::recorder::install().expect("recorder");
+        let (listener, addr) = bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .expect("bind");
+        let shutdown = CancellationToken::new();
+        let limits = Limits {
+            max_connections: 8,
+            request_head_timeout: Duration::from_millis(300),
+        };
+        let task = tokio::spawn(serve_with(
+            listener,
+            HttpState::new(handle, Health::new()),
+            shutdown.clone(),
+            limits,
+        ));
+
+        // Half-sent, and trickled a byte at a time (slowloris): both closed after the timeout.
+        let closed = half_sent(addr, 1).await;
+        let mut trickle = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let trickled = tokio::spawn(async move {
+            for b in b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: "
+                .iter()
+                .cycle()
+                .take(200)
+            {
+                if trickle.write_all(&[*b]).await.is_err() {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            false
+        });
+        wait_until(
+            Duration::from_secs(5),
+            "the half-sent request is closed",
+            || closed.load(std::sync::atomic::Ordering::SeqCst) == 1,
+        )
+        .await;
+        assert!(
+            tokio::time::timeout(Duration::from_secs(5), trickled)
+                .await
+                .expect("the trickled request is closed")
+                .expect("join"),
+            "the trickled request was kept open"
+        );
+
+        // A keep-alive connection that sends its requests promptly is served, request after
+        // request, beyond the cap's worth of half-sent ones that come and go.
+        let mut alive = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        for _ in 0..3 {
+            let _more = half_sent(addr, 10).await;
+            alive
+                .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .expect("write");
+            let mut buf = vec![0u8; 1024];
+            let n = tokio::time::timeout(Duration::from_secs(2), alive.read(&mut buf))
+                .await
+                .expect("answered promptly")
+                .expect("read");
+            let text = String::from_utf8_lossy(&buf[..n]);
+            assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        shutdown.cancel();
+        task.await.expect("join").expect("server stops");
     }
 }
