@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use self::background::{Driver, Heartbeat, LeaseRenewal, Sampler};
-use crate::config::Settings;
+use crate::config::{Settings, WorkerSettings};
 use crate::perspective::{Perspective, PerspectiveRegistry, RegistryError};
 use crate::pipeline::cooldown::CooldownCache;
 use crate::pipeline::inflight::InFlight;
@@ -165,16 +165,7 @@ impl DaemonBuilder {
         let settings = Arc::new(settings);
 
         // First what fails without a database, so such a start writes nothing.
-        let mut registry = PerspectiveRegistry::from_settings(&settings.perspectives)?;
-        for p in extra {
-            registry.add(p)?;
-        }
-        if registry.is_empty() {
-            return Err(DaemonError::Config(
-                "no perspectives configured: add a [[perspectives]] section to the configuration"
-                    .into(),
-            ));
-        }
+        let registry = registry(&settings, extra)?;
         let listener = match http {
             HttpMode::Off => None,
             HttpMode::Listener(l) => Some(l),
@@ -201,138 +192,51 @@ impl DaemonBuilder {
         let health = Health::new();
         health.set_database_ok(true);
         health.set_migrations_current(true);
-        let cooldown = match cooldown {
-            Some(c) => Some(c),
-            None if settings.cooldown.enabled => Some(Arc::new(CooldownCache::new(
-                settings.cooldown.ttl,
-                settings.cooldown.max_entries,
-            ))),
-            None => None,
-        };
-
-        let stop_claiming = CancellationToken::new();
-        let stop_background = CancellationToken::new();
-        let consumers = TaskTracker::new();
-        let mut consumer_tasks = Vec::new();
-        let background = TaskTracker::new();
-
-        let http_addr = listener.map(|listener| {
-            let addr = listener.local_addr().ok();
-            let state = HttpState::new(metrics, health.clone());
-            let token = stop_background.clone();
-            background.spawn(async move {
-                if let Err(error) = crate::telemetry::http::serve_on(listener, state, token).await {
-                    tracing::error!(%error, "HTTP server failed");
-                }
-            });
-            addr
+        let cooldown = cooldown.or_else(|| {
+            let c = &settings.cooldown;
+            c.enabled
+                .then(|| Arc::new(CooldownCache::new(c.ttl, c.max_entries)))
         });
-        let http_addr = http_addr.flatten();
-
+        let mut tasks = Tasks::default();
+        let http_addr =
+            listener.and_then(|l| tasks.serve_http(l, HttpState::new(metrics, health.clone())));
         let names = registry.names();
-        let pipeline = Pipeline::new(
-            store.clone(),
-            instance,
-            registry,
-            cooldown.clone(),
-            &settings.worker,
-        );
-        let inflight = Arc::clone(&pipeline.inflight);
-
-        let (wake_tx, wake_rx) = watch::channel(0u64);
-        let wake_tx = Arc::new(wake_tx);
-        {
-            let store = store.clone();
-            let token = stop_claiming.clone();
-            let beat = health.register_loop("listener", Duration::from_secs(30));
-            let wake = Arc::clone(&wake_tx);
-            consumer_tasks.push(consumers.spawn(async move {
-                listener::run(store, wake, token, || beat.beat()).await;
-                beat.finish();
-            }));
-        }
         let worker = &settings.worker;
-        for id in 0..worker.consumers {
-            let pipeline = pipeline.clone();
-            let wake = wake_rx.clone();
-            let token = stop_claiming.clone();
-            let poll = worker.poll_interval;
-            // A batch may legitimately take long; liveness only flags a loop silent for long.
-            let stale = (worker.lease * 3).max(poll * 3);
-            let beat = health.register_loop(format!("consumer-{id}"), stale);
-            consumer_tasks.push(consumers.spawn(async move {
-                consumer::run(id, pipeline, wake, poll, token, || beat.beat()).await;
-                beat.finish();
-            }));
-        }
-
-        let driver = Driver::new(health.clone(), stop_background.clone(), background.clone());
-        let orphans = &settings.orphans;
-        driver.spawn(
-            "heartbeat",
-            orphans.heartbeat_interval,
-            orphans.heartbeat_interval * 3,
-            Heartbeat {
-                store: store.clone(),
-                instance,
-                info,
-                settings: Arc::clone(&settings),
-                health: health.clone(),
-            },
-        );
-        driver.spawn(
-            "lease-renewal",
-            LeaseRenewal::period(worker.lease),
-            worker.lease,
-            LeaseRenewal {
-                store: store.clone(),
-                instance,
-                inflight: Arc::clone(&inflight),
-                lease: worker.lease,
-            },
-        );
-        driver.spawn(
-            "sampler",
-            Sampler::PERIOD,
-            Duration::from_secs(30),
-            Sampler {
-                store: store.clone(),
-                health: health.clone(),
-                cooldown: cooldown.clone(),
-                round: 0,
-            },
-        );
-        background.spawn(background::systemd_watchdog(
-            health.clone(),
-            stop_background.clone(),
-        ));
+        let pipeline = Pipeline::new(store.clone(), instance, registry, cooldown.clone(), worker);
+        let inflight = Arc::clone(&pipeline.inflight);
+        let wake = tasks.spawn_consumers(&pipeline, &health, worker);
+        let driver = tasks.spawn_background(Background {
+            store: store.clone(),
+            instance,
+            info,
+            settings: Arc::clone(&settings),
+            health: health.clone(),
+            inflight: Arc::clone(&inflight),
+            cooldown: cooldown.clone(),
+        });
 
         tracing::info!(%instance, perspectives = ?names, consumers = worker.consumers,
             http = ?http_addr, schema = %store.schema(), database = %store.target(), "vantage is running");
         let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
 
+        let stop = DrainAndStop {
+            store,
+            instance,
+            inflight: Arc::clone(&inflight),
+            health: health.clone(),
+            grace: worker.shutdown_grace,
+            stop_claiming: tasks.stop_claiming,
+            stop_background: tasks.stop_background,
+            consumers: tasks.consumers,
+            consumer_tasks: tasks.consumer_tasks,
+            background: tasks.background,
+            _wake: wake,
+        };
         let supervisor = {
             let shutdown = shutdown.clone();
-            let health = health.clone();
-            let store = store.clone();
-            let grace = worker.shutdown_grace;
-            let stop_inflight = Arc::clone(&inflight);
             tokio::spawn(async move {
                 shutdown.cancelled().await;
-                drain_and_stop(DrainAndStop {
-                    store,
-                    instance,
-                    inflight: stop_inflight,
-                    health,
-                    grace,
-                    stop_claiming,
-                    stop_background,
-                    consumers,
-                    consumer_tasks,
-                    background,
-                    _wake: wake_tx,
-                })
-                .await
+                drain_and_stop(stop).await
             })
         };
 
@@ -346,6 +250,147 @@ impl DaemonBuilder {
             driver,
             supervisor,
         })
+    }
+}
+
+/// The SQL perspectives of the settings and the Rust ones added to the builder; at least one.
+fn registry(
+    settings: &Settings,
+    extra: Vec<Arc<dyn Perspective>>,
+) -> Result<PerspectiveRegistry, DaemonError> {
+    let mut registry = PerspectiveRegistry::from_settings(&settings.perspectives)?;
+    for p in extra {
+        registry.add(p)?;
+    }
+    if registry.is_empty() {
+        return Err(DaemonError::Config(
+            "no perspectives configured: add a [[perspectives]] section to the configuration"
+                .into(),
+        ));
+    }
+    Ok(registry)
+}
+
+/// The loops of a running daemon and how they are stopped: consumers (and the work listener)
+/// first, background tasks and HTTP last (see [`drain_and_stop`]).
+#[derive(Default)]
+struct Tasks {
+    stop_claiming: CancellationToken,
+    stop_background: CancellationToken,
+    consumers: TaskTracker,
+    consumer_tasks: Vec<JoinHandle<()>>,
+    background: TaskTracker,
+}
+
+/// What the background tasks work with.
+struct Background {
+    store: Store,
+    instance: InstanceId,
+    info: InstanceInfo,
+    settings: Arc<Settings>,
+    health: Health,
+    inflight: Arc<InFlight>,
+    cooldown: Option<Arc<CooldownCache>>,
+}
+
+impl Tasks {
+    /// Serves `/metrics` and the probes until the background tasks stop; returns the address.
+    fn serve_http(&self, listener: TcpListener, state: HttpState) -> Option<SocketAddr> {
+        let addr = listener.local_addr().ok();
+        let token = self.stop_background.clone();
+        self.background.spawn(async move {
+            if let Err(error) = crate::telemetry::http::serve_on(listener, state, token).await {
+                tracing::error!(%error, "HTTP server failed");
+            }
+        });
+        addr
+    }
+
+    /// The work listener and `worker.consumers` consumer loops; returns the wake-up sender
+    /// (kept alive until the consumers have stopped).
+    fn spawn_consumers(
+        &mut self,
+        pipeline: &Pipeline,
+        health: &Health,
+        worker: &WorkerSettings,
+    ) -> Arc<watch::Sender<u64>> {
+        let (wake_tx, wake_rx) = watch::channel(0u64);
+        let wake_tx = Arc::new(wake_tx);
+        {
+            let store = pipeline.ctx.store.clone();
+            let token = self.stop_claiming.clone();
+            let beat = health.register_loop("listener", Duration::from_secs(30));
+            let wake = Arc::clone(&wake_tx);
+            self.consumer_tasks.push(self.consumers.spawn(async move {
+                listener::run(store, wake, token, || beat.beat()).await;
+                beat.finish();
+            }));
+        }
+        for id in 0..worker.consumers {
+            let pipeline = pipeline.clone();
+            let wake = wake_rx.clone();
+            let token = self.stop_claiming.clone();
+            let poll = worker.poll_interval;
+            // A batch may legitimately take long; liveness only flags a loop silent for long.
+            let stale = (worker.lease * 3).max(poll * 3);
+            let beat = health.register_loop(format!("consumer-{id}"), stale);
+            self.consumer_tasks.push(self.consumers.spawn(async move {
+                consumer::run(id, pipeline, wake, poll, token, || beat.beat()).await;
+                beat.finish();
+            }));
+        }
+        wake_tx
+    }
+
+    /// Heartbeat and cleanup, lease renewal, the sampler (one [`Driver`]), and the systemd
+    /// watchdog.
+    fn spawn_background(&self, b: Background) -> Driver {
+        let driver = Driver::new(
+            b.health.clone(),
+            self.stop_background.clone(),
+            self.background.clone(),
+        );
+        let orphans = &b.settings.orphans;
+        let lease = b.settings.worker.lease;
+        driver.spawn(
+            "heartbeat",
+            orphans.heartbeat_interval,
+            orphans.heartbeat_interval * 3,
+            Heartbeat {
+                store: b.store.clone(),
+                instance: b.instance,
+                info: b.info,
+                settings: Arc::clone(&b.settings),
+                health: b.health.clone(),
+            },
+        );
+        driver.spawn(
+            "lease-renewal",
+            LeaseRenewal::period(lease),
+            lease,
+            LeaseRenewal {
+                store: b.store.clone(),
+                instance: b.instance,
+                inflight: b.inflight,
+                lease,
+            },
+        );
+        driver.spawn(
+            "sampler",
+            Sampler::PERIOD,
+            Duration::from_secs(30),
+            Sampler {
+                store: b.store,
+                health: b.health.clone(),
+                cooldown: b.cooldown,
+                round: 0,
+            },
+        );
+        self.background.spawn(background::systemd_watchdog(
+            b.health,
+            self.stop_background.clone(),
+        ));
+        driver
     }
 }
 
