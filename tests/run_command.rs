@@ -707,11 +707,7 @@ async fn sigterm_while_migrating_exits_0_with_a_log_line() {
 async fn sighup_is_ignored_and_the_daemon_keeps_running() {
     let db = common::fresh_database().await;
     let admin = connect(&db.url).await;
-    rs::exec(
-        &admin,
-        "CREATE TABLE public.cli_applied (stream_id uuid, version int, PRIMARY KEY (stream_id, version))",
-    )
-    .await;
+    rs::exec(&admin, CLI_APPLIED).await;
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "vantage.toml", Some(&db.url), GOOD_PERSPECTIVE);
     let mut daemon = spawn_running(dir.path(), &config_arg(&config), &[], "sighup").await;
@@ -730,20 +726,7 @@ async fn sighup_is_ignored_and_the_daemon_keeps_running() {
     );
     let (status, body) = rs::http_get(addr, "/healthz").await.expect("GET /healthz");
     assert_eq!(status, 200, "{body}");
-    append(&admin, Uuid::new_v4(), 3).await;
-    wait_for(
-        &admin,
-        "SELECT count(*) FROM public.cli_applied",
-        3,
-        Duration::from_secs(30),
-        &daemon,
-    )
-    .await;
-
-    daemon.signal(Signal::SIGTERM);
-    let code = daemon.wait(Duration::from_secs(30)).await;
-    let log = daemon.log_text();
-    assert_eq!(code, Some(0), "log:\n{log}");
+    let log = drain_then_stop(&admin, &mut daemon).await;
     assert!(log.contains("vantage stopped"), "{log}");
     assert_eq!(
         rs::scalar(&admin, "SELECT count(*) FROM wh_service_instances").await,
@@ -757,11 +740,7 @@ async fn sighup_is_ignored_and_the_daemon_keeps_running() {
 async fn a_second_sigterm_exits_at_once_with_its_own_code() {
     let db = common::fresh_database().await;
     let admin = connect(&db.url).await;
-    rs::exec(
-        &admin,
-        "CREATE TABLE public.cli_applied (stream_id uuid, version int, PRIMARY KEY (stream_id, version))",
-    )
-    .await;
+    rs::exec(&admin, CLI_APPLIED).await;
     let slow = r#"
 [[perspectives]]
 name = "cli_model"
@@ -828,11 +807,7 @@ async fn the_daemon_role_starts_on_a_current_schema_and_gets_a_hint_otherwise() 
     }
     let admin = connect(&db.url).await;
     admin.migrate().await.unwrap();
-    rs::exec(
-        &admin,
-        "CREATE TABLE public.cli_applied (stream_id uuid, version int, PRIMARY KEY (stream_id, version))",
-    )
-    .await;
+    rs::exec(&admin, CLI_APPLIED).await;
     let privileges = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/postgres/privileges.sql"),
     )
@@ -855,19 +830,7 @@ async fn the_daemon_role_starts_on_a_current_schema_and_gets_a_hint_otherwise() 
         .await
         .expect("HTTP address");
     rs::wait_http_status(addr, "/readyz", 200, Duration::from_secs(10)).await;
-    append(&admin, Uuid::new_v4(), 3).await;
-    wait_for(
-        &admin,
-        "SELECT count(*) FROM public.cli_applied",
-        3,
-        Duration::from_secs(30),
-        &daemon,
-    )
-    .await;
-    daemon.signal(Signal::SIGTERM);
-    let code = daemon.wait(Duration::from_secs(30)).await;
-    let log = daemon.log_text();
-    assert_eq!(code, Some(0), "log:\n{log}");
+    let log = drain_then_stop(&admin, &mut daemon).await;
     // Nothing was created, so the server had nothing to skip (and nothing to log at INFO).
     assert!(!log.contains("already exists, skipping"), "{log}");
 
@@ -906,11 +869,7 @@ async fn a_start_on_a_current_schema_logs_no_skipping_notice() {
     let db = common::fresh_database().await;
     let admin = connect(&db.url).await;
     admin.migrate().await.unwrap();
-    rs::exec(
-        &admin,
-        "CREATE TABLE public.cli_applied (stream_id uuid, version int, PRIMARY KEY (stream_id, version))",
-    )
-    .await;
+    rs::exec(&admin, CLI_APPLIED).await;
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "vantage.toml", Some(&db.url), GOOD_PERSPECTIVE);
     let mut daemon = spawn_running(dir.path(), &config_arg(&config), &[], "current").await;
@@ -920,6 +879,28 @@ async fn a_start_on_a_current_schema_logs_no_skipping_notice() {
     let log = daemon.log_text();
     assert_eq!(code, Some(0), "log:\n{log}");
     assert!(!log.contains("already exists, skipping"), "{log}");
+}
+
+/// The read model of [`GOOD_PERSPECTIVE`].
+const CLI_APPLIED: &str =
+    "CREATE TABLE public.cli_applied (stream_id uuid, version int, PRIMARY KEY (stream_id, version))";
+
+/// Three events drained by `daemon`, then SIGTERM: exit 0. Returns its log.
+async fn drain_then_stop(admin: &Store, daemon: &mut Daemon) -> String {
+    append(admin, Uuid::new_v4(), 3).await;
+    wait_for(
+        admin,
+        "SELECT count(*) FROM public.cli_applied",
+        3,
+        Duration::from_secs(30),
+        daemon,
+    )
+    .await;
+    daemon.signal(Signal::SIGTERM);
+    let code = daemon.wait(Duration::from_secs(30)).await;
+    let log = daemon.log_text();
+    assert_eq!(code, Some(0), "log:\n{log}");
+    log
 }
 
 async fn spawn_running(dir: &Path, config: &str, env: &[(&str, &str)], name: &str) -> Daemon {
