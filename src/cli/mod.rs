@@ -1,6 +1,6 @@
 //! The `vantage` command line: one module per command group.
 //!
-//! `main.rs` only parses and calls [`run`]; every command returns its exit code.
+//! `main.rs` only parses and calls [`run()`]; every command returns its exit code.
 
 pub mod append;
 pub mod config_cmd;
