@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -72,27 +73,41 @@ impl Driver {
     }
 
     /// Starts `task`: activated at once, then every `period` and whenever its activator is
-    /// used; counted stalled by `/healthz` once silent for `stale_after`.
+    /// used; counted stalled by `/healthz` once silent for `stale_after`. It stops with the
+    /// driver.
     pub fn spawn<T: BackgroundTask>(
         &self,
         name: &'static str,
         period: Duration,
         stale_after: Duration,
-        mut task: T,
+        task: T,
     ) -> Activator {
+        let stop = self.shutdown.clone();
+        self.spawn_until(name, period, stale_after, task, stop).0
+    }
+
+    /// Like [`spawn`](Self::spawn), stopped by `stop` instead of the driver's token (for a task
+    /// the shutdown sequence stops on its own); also returns its handle, to wait for it.
+    pub fn spawn_until<T: BackgroundTask>(
+        &self,
+        name: &'static str,
+        period: Duration,
+        stale_after: Duration,
+        mut task: T,
+        stop: CancellationToken,
+    ) -> (Activator, JoinHandle<()>) {
         let activator = Activator::default();
         self.lock_activators().insert(name, activator.clone());
         let beat = self.health.register_loop(name, stale_after);
         let wake = Arc::clone(&activator.0);
-        let shutdown = self.shutdown.clone();
         let statuses = Arc::clone(&self.statuses);
-        self.tracker.spawn(async move {
+        let handle = self.tracker.spawn(async move {
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
                     biased;
-                    _ = shutdown.cancelled() => break,
+                    _ = stop.cancelled() => break,
                     _ = tick.tick() => {}
                     _ = wake.notified() => {}
                 }
@@ -108,7 +123,7 @@ impl Driver {
             }
             beat.finish();
         });
-        activator
+        (activator, handle)
     }
 
     /// The activator of the task named `name`.
@@ -369,6 +384,19 @@ mod tests {
         assert_eq!(driver.statuses()["counter"].activations, 3);
         assert!(driver.activator("counter").is_some());
         assert_eq!(health.liveness(), Ok(()));
+
+        // A task with a stop of its own ends when that is cancelled, the others go on.
+        let own = CancellationToken::new();
+        let (_, handle) = driver.spawn_until(
+            "own",
+            Duration::from_secs(60),
+            Duration::from_secs(600),
+            Counter(0),
+            own.clone(),
+        );
+        own.cancel();
+        handle.await.expect("the task ends");
+        assert!(!shutdown.is_cancelled());
 
         shutdown.cancel();
         tracker.close();
