@@ -205,7 +205,7 @@ impl DaemonBuilder {
         let pipeline = Pipeline::new(store.clone(), instance, registry, cooldown.clone(), worker);
         let inflight = Arc::clone(&pipeline.inflight);
         let wake = tasks.spawn_consumers(&pipeline, &health, worker);
-        let driver = tasks.spawn_background(Background {
+        let (driver, renewal) = tasks.spawn_background(Background {
             store: store.clone(),
             instance,
             info,
@@ -227,6 +227,8 @@ impl DaemonBuilder {
             grace: worker.shutdown_grace,
             stop_claiming: tasks.stop_claiming,
             stop_background: tasks.stop_background,
+            stop_renewal: tasks.stop_renewal,
+            renewal,
             consumers: tasks.consumers,
             consumer_tasks: tasks.consumer_tasks,
             background: tasks.background,
@@ -277,6 +279,9 @@ fn registry(
 struct Tasks {
     stop_claiming: CancellationToken,
     stop_background: CancellationToken,
+    /// Lease renewal is stopped on its own, before deregistration: a renewal in flight locks
+    /// the rows it renews, and deregistration skips locked rows.
+    stop_renewal: CancellationToken,
     consumers: TaskTracker,
     consumer_tasks: Vec<JoinHandle<()>>,
     background: TaskTracker,
@@ -343,8 +348,8 @@ impl Tasks {
     }
 
     /// Heartbeat and cleanup, lease renewal, the sampler (one [`Driver`]), and the systemd
-    /// watchdog.
-    fn spawn_background(&self, b: Background) -> Driver {
+    /// watchdog; returns the driver and the handle of lease renewal.
+    fn spawn_background(&self, b: Background) -> (Driver, JoinHandle<()>) {
         let driver = Driver::new(
             b.health.clone(),
             self.stop_background.clone(),
@@ -364,7 +369,7 @@ impl Tasks {
                 health: b.health.clone(),
             },
         );
-        driver.spawn(
+        let (_, renewal) = driver.spawn_until(
             "lease-renewal",
             LeaseRenewal::period(lease),
             lease,
@@ -374,6 +379,7 @@ impl Tasks {
                 inflight: b.inflight,
                 lease,
             },
+            self.stop_renewal.clone(),
         );
         driver.spawn(
             "sampler",
@@ -390,7 +396,7 @@ impl Tasks {
             b.health,
             self.stop_background.clone(),
         ));
-        driver
+        (driver, renewal)
     }
 }
 
@@ -426,6 +432,8 @@ struct DrainAndStop {
     grace: Duration,
     stop_claiming: CancellationToken,
     stop_background: CancellationToken,
+    stop_renewal: CancellationToken,
+    renewal: JoinHandle<()>,
     consumers: TaskTracker,
     consumer_tasks: Vec<JoinHandle<()>>,
     background: TaskTracker,
@@ -489,6 +497,12 @@ async fn drain_and_stop(s: DrainAndStop) -> Result<(), DaemonError> {
             ),
         }
     }
+    // Nothing is in flight any more: stop renewing, and let a renewal under way finish so its
+    // row locks do not make deregistration skip those rows.
+    s.stop_renewal.cancel();
+    let _ = tokio::time::timeout_at(deadline, s.renewal)
+        .await
+        .map_err(bounded("stopping lease renewal"));
     // Whatever is still leased (rows never started) goes back with a refund of its bump.
     match tokio::time::timeout_at(deadline, s.store.deregister(s.instance)).await {
         Ok(Ok(released)) => {
