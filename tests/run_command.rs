@@ -760,9 +760,11 @@ Tick = "INSERT INTO public.cli_applied (stream_id, version) SELECT $2, $6 FROM p
     daemon.wait_running(Duration::from_secs(30)).await;
     append(&admin, Uuid::new_v4(), 1).await;
     let started = Instant::now();
+    // The handler is running (a claim not yet applied would just be given back at once).
     while rs::scalar(
         &admin,
-        "SELECT count(*) FROM wh_perspective_events WHERE instance_id IS NOT NULL",
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'vantage %' \
+         AND state = 'active' AND query LIKE '%pg_sleep(20)%'",
     )
     .await
         == 0
