@@ -256,7 +256,11 @@ async fn unreachable_database_exits_69_naming_host_and_port_but_not_the_password
             &url,
             "run",
         ],
-        &[("VANTAGE__DATABASE__CONNECT_TIMEOUT", "2s")],
+        // http.listen is bound before connecting: a free port, whatever else runs here.
+        &[
+            ("VANTAGE__DATABASE__CONNECT_TIMEOUT", "2s"),
+            ("VANTAGE__HTTP__LISTEN", "127.0.0.1:0"),
+        ],
     )
     .await;
     assert_eq!(out.code, Some(EXIT_UNAVAILABLE), "{out:#?}");
@@ -292,7 +296,11 @@ async fn unreachable_database_is_retried_for_the_whole_connect_timeout() {
             &url,
             "run",
         ],
-        &[("VANTAGE__DATABASE__CONNECT_TIMEOUT", "2s")],
+        // http.listen is bound before connecting: a free port, whatever else runs here.
+        &[
+            ("VANTAGE__DATABASE__CONNECT_TIMEOUT", "2s"),
+            ("VANTAGE__HTTP__LISTEN", "127.0.0.1:0"),
+        ],
     )
     .await;
     assert_eq!(out.code, Some(EXIT_UNAVAILABLE), "{out:#?}");
@@ -587,4 +595,346 @@ fn assert_newer_schema_message(out: &Output) {
         out.stderr.contains("newer than this binary") && out.stderr.contains("999999"),
         "stderr should say the schema is newer than the binary: {out:#?}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signals: handled from the first moment, SIGHUP ignored, a second signal has its own code.
+
+/// README: a second SIGTERM/SIGINT exits at once with 130 (leases left to lapse).
+const EXIT_FORCED: i32 = 130;
+
+/// SIGTERM while the daemon still retries an unreachable database: a log line, exit 0.
+#[tokio::test]
+async fn sigterm_while_connecting_exits_0_with_a_log_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("postgres://u@127.0.0.1:{}/db", rs::closed_port());
+    let config = write_config(dir.path(), "vantage.toml", Some(&url), GOOD_PERSPECTIVE);
+    let mut daemon = Daemon::spawn(
+        rs::vantage(
+            dir.path(),
+            &["--config", &config_arg(&config), "run"],
+            &[
+                ("VANTAGE__HTTP__LISTEN", "127.0.0.1:0"),
+                ("VANTAGE__DATABASE__CONNECT_TIMEOUT", "60s"),
+                ("VANTAGE__LOG__LEVEL", "info"),
+            ],
+        ),
+        dir.path(),
+        "connecting",
+    );
+    wait_for_log(
+        &mut daemon,
+        "database not reachable yet",
+        Duration::from_secs(20),
+    )
+    .await;
+    daemon.signal(Signal::SIGTERM);
+    let code = daemon.wait(Duration::from_secs(10)).await;
+    let log = daemon.log_text();
+    assert_eq!(code, Some(0), "log:\n{log}");
+    assert!(
+        log.contains("during start-up"),
+        "no log line says why it stopped:\n{log}"
+    );
+}
+
+/// SIGTERM while the daemon waits inside a migration (the schema is being created by another
+/// session that holds it): a log line, exit 0.
+#[tokio::test]
+async fn sigterm_while_migrating_exits_0_with_a_log_line() {
+    use sqlx::Connection;
+    let db = common::fresh_database().await;
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::raw_sql("BEGIN; CREATE SCHEMA vantage;")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "vantage.toml", Some(&db.url), GOOD_PERSPECTIVE);
+    let mut daemon = Daemon::spawn(
+        rs::vantage(
+            dir.path(),
+            &["--config", &config_arg(&config), "run"],
+            &[
+                ("VANTAGE__HTTP__LISTEN", "127.0.0.1:0"),
+                ("VANTAGE__LOG__LEVEL", "info"),
+            ],
+        ),
+        dir.path(),
+        "migrating",
+    );
+    let store = connect(&db.url).await;
+    let started = Instant::now();
+    loop {
+        let waiting = rs::scalar(
+            &store,
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name LIKE 'vantage %' AND wait_event_type = 'Lock'",
+        )
+        .await;
+        if waiting > 0 {
+            break;
+        }
+        if let Some(code) = daemon.try_exit() {
+            panic!("exited ({code:?}) before it waited:\n{}", daemon.log_text());
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the daemon never waited on the schema:\n{}",
+            daemon.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    daemon.signal(Signal::SIGTERM);
+    let code = daemon.wait(Duration::from_secs(10)).await;
+    let log = daemon.log_text();
+    // Its statement may still be queued behind our lock: end it before letting go.
+    rs::exec(
+        &store,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE 'vantage %'",
+    )
+    .await;
+    let _ = sqlx::raw_sql("ROLLBACK").execute(&mut holder).await;
+    assert_eq!(code, Some(0), "log:\n{log}");
+    assert!(
+        log.contains("during start-up"),
+        "no log line says why it stopped:\n{log}"
+    );
+}
+
+/// SIGHUP is ignored (logged); the daemon keeps running and still stops gracefully.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_is_ignored_and_the_daemon_keeps_running() {
+    let db = common::fresh_database().await;
+    let admin = connect(&db.url).await;
+    rs::exec(&admin, CLI_APPLIED).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "vantage.toml", Some(&db.url), GOOD_PERSPECTIVE);
+    let mut daemon = spawn_running(dir.path(), &config_arg(&config), &[], "sighup").await;
+    let addr = daemon
+        .wait_running(Duration::from_secs(30))
+        .await
+        .expect("HTTP address");
+    daemon.signal(Signal::SIGHUP);
+    wait_for_log(&mut daemon, "SIGHUP", Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        daemon.try_exit(),
+        None,
+        "SIGHUP ended the daemon:\n{}",
+        daemon.log_text()
+    );
+    let (status, body) = rs::http_get(addr, "/healthz").await.expect("GET /healthz");
+    assert_eq!(status, 200, "{body}");
+    let log = drain_then_stop(&admin, &mut daemon).await;
+    assert!(log.contains("vantage stopped"), "{log}");
+    assert_eq!(
+        rs::scalar(&admin, "SELECT count(*) FROM wh_service_instances").await,
+        0
+    );
+}
+
+/// A second SIGTERM during the drain exits at once, with the forced-exit code (not 1, the code
+/// of an internal error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_exits_at_once_with_its_own_code() {
+    let db = common::fresh_database().await;
+    let admin = connect(&db.url).await;
+    rs::exec(&admin, CLI_APPLIED).await;
+    let slow = r#"
+[[perspectives]]
+name = "cli_model"
+events = ["Tick"]
+[perspectives.sql]
+Tick = "INSERT INTO public.cli_applied (stream_id, version) SELECT $2, $6 FROM pg_sleep(20)"
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "vantage.toml", Some(&db.url), slow);
+    let mut daemon = spawn_running(
+        dir.path(),
+        &config_arg(&config),
+        &[("VANTAGE__WORKER__SHUTDOWN_GRACE", "30s")],
+        "second-signal",
+    )
+    .await;
+    daemon.wait_running(Duration::from_secs(30)).await;
+    append(&admin, Uuid::new_v4(), 1).await;
+    let started = Instant::now();
+    // The handler is running (a claim not yet applied would just be given back at once).
+    while rs::scalar(
+        &admin,
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'vantage %' \
+         AND state = 'active' AND query LIKE '%pg_sleep(20)%'",
+    )
+    .await
+        == 0
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{}",
+            daemon.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    daemon.signal(Signal::SIGTERM);
+    wait_for_log(&mut daemon, "shutting down", Duration::from_secs(10)).await;
+    daemon.signal(Signal::SIGTERM);
+    let sent = Instant::now();
+    let code = daemon.wait(Duration::from_secs(10)).await;
+    let log = daemon.log_text();
+    assert_eq!(code, Some(EXIT_FORCED), "log:\n{log}");
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "not at once: {:?}",
+        sent.elapsed()
+    );
+    assert!(log.contains("second signal"), "{log}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Least privilege: the daemon role of deploy/postgres/privileges.sql starts with the default
+// auto_migrate = true when the schema is current, and is told what to do when it is not.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_role_starts_on_a_current_schema_and_gets_a_hint_otherwise() {
+    // Roles are global to the server: only on the throwaway one.
+    let db = common::fresh_database().await;
+    if tokio::task::spawn_blocking(common::throwaway_server)
+        .await
+        .unwrap()
+        .is_none()
+    {
+        eprintln!("DATABASE_URL is set: this test creates roles, so it needs the throwaway server");
+        return;
+    }
+    let admin = connect(&db.url).await;
+    admin.migrate().await.unwrap();
+    rs::exec(&admin, CLI_APPLIED).await;
+    let privileges = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/postgres/privileges.sql"),
+    )
+    .unwrap();
+    rs::exec(&admin, &privileges).await;
+    rs::exec(
+        &admin,
+        "GRANT SELECT, INSERT ON public.cli_applied TO vantage_daemon",
+    )
+    .await;
+
+    let mut url = url::Url::parse(&db.url).unwrap();
+    url.set_username("vantage_daemon").unwrap();
+    let url = url.to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "vantage.toml", Some(&url), GOOD_PERSPECTIVE);
+    let mut daemon = spawn_running(dir.path(), &config_arg(&config), &[], "daemon-role").await;
+    let addr = daemon
+        .wait_running(Duration::from_secs(30))
+        .await
+        .expect("HTTP address");
+    rs::wait_http_status(addr, "/readyz", 200, Duration::from_secs(10)).await;
+    let log = drain_then_stop(&admin, &mut daemon).await;
+    // Nothing was created, so the server had nothing to skip (and nothing to log at INFO).
+    assert!(!log.contains("already exists, skipping"), "{log}");
+
+    // A migration still to apply: the daemon role cannot, and is told how to proceed.
+    rs::exec(
+        &admin,
+        "DELETE FROM _sqlx_migrations WHERE version = (SELECT max(version) FROM _sqlx_migrations)",
+    )
+    .await;
+    let out = run_vantage(
+        dir.path(),
+        &["--config", &config_arg(&config), "run"],
+        &[("VANTAGE__HTTP__LISTEN", "127.0.0.1:0")],
+    )
+    .await;
+    assert_eq!(out.code, Some(EXIT_CONFIG), "{out:#?}");
+    for want in [
+        "permission denied",
+        "vantage migrate",
+        "auto_migrate = false",
+    ] {
+        assert!(
+            out.stderr.contains(want),
+            "stderr should say {want:?}: {out:#?}"
+        );
+    }
+    assert_eq!(
+        rs::scalar(&admin, "SELECT count(*) FROM wh_service_instances").await,
+        0
+    );
+}
+
+/// A start on a schema that is already current logs no "already exists, skipping" notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_on_a_current_schema_logs_no_skipping_notice() {
+    let db = common::fresh_database().await;
+    let admin = connect(&db.url).await;
+    admin.migrate().await.unwrap();
+    rs::exec(&admin, CLI_APPLIED).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "vantage.toml", Some(&db.url), GOOD_PERSPECTIVE);
+    let mut daemon = spawn_running(dir.path(), &config_arg(&config), &[], "current").await;
+    daemon.wait_running(Duration::from_secs(30)).await;
+    daemon.signal(Signal::SIGTERM);
+    let code = daemon.wait(Duration::from_secs(30)).await;
+    let log = daemon.log_text();
+    assert_eq!(code, Some(0), "log:\n{log}");
+    assert!(!log.contains("already exists, skipping"), "{log}");
+}
+
+/// The read model of [`GOOD_PERSPECTIVE`].
+const CLI_APPLIED: &str =
+    "CREATE TABLE public.cli_applied (stream_id uuid, version int, PRIMARY KEY (stream_id, version))";
+
+/// Three events drained by `daemon`, then SIGTERM: exit 0. Returns its log.
+async fn drain_then_stop(admin: &Store, daemon: &mut Daemon) -> String {
+    append(admin, Uuid::new_v4(), 3).await;
+    wait_for(
+        admin,
+        "SELECT count(*) FROM public.cli_applied",
+        3,
+        Duration::from_secs(30),
+        daemon,
+    )
+    .await;
+    daemon.signal(Signal::SIGTERM);
+    let code = daemon.wait(Duration::from_secs(30)).await;
+    let log = daemon.log_text();
+    assert_eq!(code, Some(0), "log:\n{log}");
+    log
+}
+
+async fn spawn_running(dir: &Path, config: &str, env: &[(&str, &str)], name: &str) -> Daemon {
+    let mut all = vec![
+        ("VANTAGE__HTTP__LISTEN", "127.0.0.1:0"),
+        ("VANTAGE__LOG__LEVEL", "info"),
+    ];
+    all.extend_from_slice(env);
+    Daemon::spawn(
+        rs::vantage(dir, &["--config", config, "run"], &all),
+        dir,
+        name,
+    )
+}
+
+async fn wait_for_log(daemon: &mut Daemon, needle: &str, limit: Duration) {
+    let started = Instant::now();
+    loop {
+        if daemon.log_text().contains(needle) {
+            return;
+        }
+        if let Some(code) = daemon.try_exit() {
+            panic!(
+                "exited ({code:?}) before logging {needle:?}:\n{}",
+                daemon.log_text()
+            );
+        }
+        assert!(
+            started.elapsed() < limit,
+            "no {needle:?} in the log after {limit:?}:\n{}",
+            daemon.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -1,6 +1,6 @@
 //! The `vantage` command line: one module per command group.
 //!
-//! `main.rs` only parses and calls [`run`]; every command returns its exit code.
+//! `main.rs` only parses and calls [`run()`]; every command returns its exit code.
 
 pub mod append;
 pub mod config_cmd;
@@ -10,6 +10,8 @@ pub mod exit;
 pub mod migrate;
 pub mod output;
 pub mod perspectives;
+pub mod run;
+pub mod signals;
 pub mod status;
 
 use std::path::PathBuf;
@@ -112,7 +114,7 @@ pub fn parse_error(e: clap::Error) -> i32 {
 /// Runs a parsed command line; returns the process exit code.
 pub async fn run(cli: Cli) -> i32 {
     match cli.command {
-        Command::Run => crate::daemon::run_command(&cli.global).await,
+        Command::Run => run::run(&cli.global).await,
         Command::Migrate => migrate::run(&cli.global).await,
         Command::Demo(args) => demo::run(&cli.global, args).await,
         Command::Append(args) => append::run(&cli.global, args).await,

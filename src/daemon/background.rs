@@ -1,77 +1,335 @@
-//! Background loops. Each is activated by a timer, takes no input, is idempotent, and survives
-//! a lost database (it logs, reports unreadiness, and tries again on its next tick).
+//! Background tasks, after omicron's: each is woken by its timer or by an [`Activator`], takes
+//! no input, is idempotent, and reports a small JSON status. One [`Driver`] runs them all, so
+//! the interval/select/beat skeleton exists once; every task survives a lost database (it
+//! logs, reports unreadiness, and tries again on its next activation).
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::Settings;
 use crate::pipeline::cooldown::CooldownCache;
 use crate::pipeline::inflight::InFlight;
 use crate::store::{InstanceId, InstanceInfo, Store, StoreError};
-use crate::telemetry::http::{Health, LoopHeartbeat};
+use crate::telemetry::health::Health;
 use crate::telemetry::metrics as m;
 
-/// Heartbeat into `wh_service_instances`, dead-instance cleanup, and the systemd watchdog.
-pub async fn heartbeat(
-    store: Store,
-    instance: InstanceId,
-    info: InstanceInfo,
-    settings: Arc<Settings>,
+/// A periodic task. `activate` does one round of its work; calling it again is harmless.
+pub trait BackgroundTask: Send + 'static {
+    /// One round; returns what it found, for [`Driver::statuses`].
+    fn activate(&mut self) -> impl Future<Output = Value> + Send;
+}
+
+/// Wakes a task before its timer does (activations while it runs are folded into one).
+#[derive(Clone, Debug, Default)]
+pub struct Activator(Arc<Notify>);
+
+impl Activator {
+    /// Asks for one more activation soon.
+    pub fn activate(&self) {
+        self.0.notify_one();
+    }
+}
+
+/// The latest status of one task.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskStatus {
+    /// How often it has run.
+    pub activations: u64,
+    /// What its last round reported.
+    pub last: Value,
+}
+
+type Statuses = Arc<Mutex<BTreeMap<&'static str, TaskStatus>>>;
+
+/// Runs background tasks until its token is cancelled; registers each as a loop of the
+/// daemon's [`Health`] (so `/healthz` fails if one stalls or dies).
+#[derive(Clone)]
+pub struct Driver {
     health: Health,
     shutdown: CancellationToken,
-    beat: LoopHeartbeat,
-) {
-    let mut tick = tokio::time::interval(settings.orphans.heartbeat_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            _ = tick.tick() => {}
-        }
-        beat.beat();
-        // Bounded by the interval: a database that does not answer must not stall the loop
-        // (its liveness is about this process, not about the database).
-        let limit = settings.orphans.heartbeat_interval;
-        let answered = tokio::time::timeout(limit, store.heartbeat(instance, &info)).await;
-        let Ok(answered) = answered else {
-            health.set_database_ok(false);
-            tracing::warn!(timeout = ?limit, "heartbeat got no answer from the database");
-            continue;
-        };
-        match answered {
-            Ok(true) => health.set_database_ok(true),
-            Ok(false) => {
-                health.set_database_ok(true);
-                tracing::warn!(%instance, "this instance had been declared dead (silent past orphans.stale_after) and registered again; leases it held may have been taken over");
-            }
-            Err(error) => {
-                health.set_database_ok(false);
-                tracing::warn!(%error, "heartbeat failed");
-                continue;
-            }
-        }
-        let cleanup = store.cleanup_dead_instances(settings.orphans.stale_after);
-        match tokio::time::timeout(limit, cleanup)
-            .await
-            .unwrap_or_else(|_| Err(StoreError::Conflict("no answer in time".into())))
-        {
-            Ok(dead) => {
-                for id in dead {
-                    tracing::warn!(dead_instance = %id, stale_after = ?settings.orphans.stale_after,
-                        "removed a silent instance; its leases will be taken over");
-                }
-            }
-            Err(error) => tracing::warn!(%error, "dead-instance cleanup failed"),
+    tracker: TaskTracker,
+    statuses: Statuses,
+    activators: Arc<Mutex<BTreeMap<&'static str, Activator>>>,
+}
+
+impl Driver {
+    /// Tasks spawned on `tracker`, stopped by `shutdown`.
+    pub fn new(health: Health, shutdown: CancellationToken, tracker: TaskTracker) -> Driver {
+        Driver {
+            health,
+            shutdown,
+            tracker,
+            statuses: Statuses::default(),
+            activators: Default::default(),
         }
     }
-    beat.finish();
+
+    /// Starts `task`: activated at once, then every `period` and whenever its activator is
+    /// used; counted stalled by `/healthz` once silent for `stale_after`. It stops with the
+    /// driver.
+    pub fn spawn<T: BackgroundTask>(
+        &self,
+        name: &'static str,
+        period: Duration,
+        stale_after: Duration,
+        task: T,
+    ) -> Activator {
+        let stop = self.shutdown.clone();
+        self.spawn_until(name, period, stale_after, task, stop).0
+    }
+
+    /// Like [`spawn`](Self::spawn), stopped by `stop` instead of the driver's token (for a task
+    /// the shutdown sequence stops on its own); also returns its handle, to wait for it.
+    pub fn spawn_until<T: BackgroundTask>(
+        &self,
+        name: &'static str,
+        period: Duration,
+        stale_after: Duration,
+        mut task: T,
+        stop: CancellationToken,
+    ) -> (Activator, JoinHandle<()>) {
+        let activator = Activator::default();
+        self.lock_activators().insert(name, activator.clone());
+        let beat = self.health.register_loop(name, stale_after);
+        let wake = Arc::clone(&activator.0);
+        let statuses = Arc::clone(&self.statuses);
+        let handle = self.tracker.spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => break,
+                    _ = tick.tick() => {}
+                    _ = wake.notified() => {}
+                }
+                beat.beat();
+                let last = task.activate().await;
+                let mut all = statuses.lock().unwrap_or_else(PoisonError::into_inner);
+                let entry = all.entry(name).or_insert(TaskStatus {
+                    activations: 0,
+                    last: Value::Null,
+                });
+                entry.activations += 1;
+                entry.last = last;
+            }
+            beat.finish();
+        });
+        (activator, handle)
+    }
+
+    /// The activator of the task named `name`.
+    pub fn activator(&self, name: &str) -> Option<Activator> {
+        self.lock_activators().get(name).cloned()
+    }
+
+    /// The latest status of every task that has run.
+    pub fn statuses(&self) -> BTreeMap<String, TaskStatus> {
+        self.statuses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
+    }
+
+    fn lock_activators(&self) -> std::sync::MutexGuard<'_, BTreeMap<&'static str, Activator>> {
+        self.activators
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// `fut`, or [`StoreError::Timeout`] once `limit` has passed.
+async fn bounded<T>(
+    limit: Duration,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or(Err(StoreError::Timeout(limit)))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tasks
+
+/// Heartbeat into `wh_service_instances`, then dead-instance cleanup.
+pub struct Heartbeat {
+    /// The database.
+    pub store: Store,
+    /// This instance.
+    pub instance: InstanceId,
+    /// What the instance row says about this process.
+    pub info: InstanceInfo,
+    /// `orphans.*`.
+    pub settings: Arc<Settings>,
+    /// Where "database reachable" is reported.
+    pub health: Health,
+}
+
+impl BackgroundTask for Heartbeat {
+    async fn activate(&mut self) -> Value {
+        // Bounded by the interval: a database that does not answer must not stall the loop
+        // (its liveness is about this process, not about the database).
+        let limit = self.settings.orphans.heartbeat_interval;
+        let stale_after = self.settings.orphans.stale_after;
+        match bounded(limit, self.store.heartbeat(self.instance, &self.info)).await {
+            Ok(true) => self.health.set_database_ok(true),
+            Ok(false) => {
+                self.health.set_database_ok(true);
+                tracing::warn!(instance = %self.instance, "this instance had been declared dead (silent past orphans.stale_after) and registered again; leases it held may have been taken over");
+            }
+            Err(StoreError::Timeout(_)) => {
+                self.health.set_database_ok(false);
+                tracing::warn!(timeout = ?limit, "heartbeat got no answer from the database");
+                return json!({"heartbeat": "no answer"});
+            }
+            Err(error) => {
+                self.health.set_database_ok(false);
+                tracing::warn!(%error, "heartbeat failed");
+                return json!({"heartbeat": "failed", "error": error.to_string()});
+            }
+        }
+        match bounded(limit, self.store.cleanup_dead_instances(stale_after)).await {
+            Ok(dead) => {
+                for id in &dead {
+                    tracing::warn!(dead_instance = %id, stale_after = ?stale_after,
+                        "removed a silent instance; its leases will be taken over");
+                }
+                json!({"heartbeat": "ok", "removed_instances": dead.len()})
+            }
+            Err(error) => {
+                tracing::warn!(%error, "dead-instance cleanup failed");
+                json!({"heartbeat": "ok", "cleanup": "failed", "error": error.to_string()})
+            }
+        }
+    }
+}
+
+/// Renews the leases of rows in flight, so a slow apply never loses its lease.
+pub struct LeaseRenewal {
+    /// The database.
+    pub store: Store,
+    /// This instance (the lease holder).
+    pub instance: InstanceId,
+    /// What is in flight.
+    pub inflight: Arc<InFlight>,
+    /// `worker.lease`.
+    pub lease: Duration,
+}
+
+impl LeaseRenewal {
+    /// How often: a third of the lease, at most five times a second.
+    pub fn period(lease: Duration) -> Duration {
+        (lease / 3).max(Duration::from_millis(200))
+    }
+}
+
+impl BackgroundTask for LeaseRenewal {
+    async fn activate(&mut self) -> Value {
+        let rows = self.inflight.rows();
+        if rows.is_empty() {
+            return json!({"in_flight": 0});
+        }
+        match self
+            .store
+            .renew_leases(self.instance, &rows, self.lease)
+            .await
+        {
+            Ok(n) => {
+                if (n as usize) < rows.len() {
+                    tracing::debug!(
+                        in_flight = rows.len(),
+                        renewed = n,
+                        "some rows in flight are no longer ours (completed meanwhile, or taken over)"
+                    );
+                }
+                json!({"in_flight": rows.len(), "renewed": n})
+            }
+            Err(error) => {
+                tracing::warn!(%error, "lease renewal failed");
+                json!({"in_flight": rows.len(), "error": error.to_string()})
+            }
+        }
+    }
+}
+
+/// Readiness (database reachable, migrations current) every second; gauges from the database
+/// and a cooldown sweep every 15 s (the gauges count the work table: a scan, so not more often
+/// than Prometheus typically scrapes).
+pub struct Sampler {
+    /// The database.
+    pub store: Store,
+    /// Where readiness is reported.
+    pub health: Health,
+    /// The cooldown cache to sweep.
+    pub cooldown: Option<Arc<CooldownCache>>,
+    /// Rounds with the database reachable so far.
+    pub round: u64,
+}
+
+impl Sampler {
+    /// How often.
+    pub const PERIOD: Duration = Duration::from_secs(1);
+}
+
+impl BackgroundTask for Sampler {
+    async fn activate(&mut self) -> Value {
+        // A ping waits at most a second: readiness must flip promptly when the database goes.
+        let up = bounded(Duration::from_secs(1), self.store.ping())
+            .await
+            .is_ok();
+        self.health.set_database_ok(up);
+        if !up {
+            return json!({"database": "unreachable"});
+        }
+        // Rounds with the database count (as before: the checks resume where they left off).
+        let n = self.round;
+        self.round = self.round.wrapping_add(1);
+        if n % 30 == 0 {
+            self.health
+                .set_migrations_current(self.store.check_migrations().await.is_ok());
+        }
+        if n % 15 != 0 {
+            return json!({"database": "ok"});
+        }
+        if let Some(cache) = &self.cooldown {
+            cache.sweep();
+        }
+        match bounded(Duration::from_secs(10), self.store.gauges()).await {
+            Ok(g) => {
+                for p in g.perspectives {
+                    let label = p.perspective_name;
+                    metrics::gauge!(m::BACKLOG_EVENTS, m::LABEL_PERSPECTIVE => label.clone())
+                        .set((p.pending + p.leased + p.parked) as f64);
+                    metrics::gauge!(m::DEAD_LETTERS, m::LABEL_PERSPECTIVE => label.clone())
+                        .set(p.dead_lettered as f64);
+                    metrics::gauge!(m::OLDEST_PENDING_AGE_SECONDS, m::LABEL_PERSPECTIVE => label)
+                        .set(p.oldest_pending_age_seconds.unwrap_or(0.0));
+                }
+                metrics::gauge!(m::INSTANCES_LIVE).set(g.instances_live as f64);
+                json!({"database": "ok", "gauges": "sampled"})
+            }
+            Err(error) => {
+                tracing::debug!(%error, "gauge sampling failed");
+                json!({"database": "ok", "gauges": "failed", "error": error.to_string()})
+            }
+        }
+    }
 }
 
 /// Pings the systemd watchdog (when `WatchdogSec=` is set) at half its interval, as long as
 /// every loop of the process is alive. Deliberately not tied to the database: a lost database
-/// is not fatal (SPEC §5), so systemd must not restart us for it.
+/// is not fatal (SPEC §5), so systemd must not restart us for it. Not a [`BackgroundTask`]:
+/// it is not itself a loop `/healthz` watches (it watches them).
 pub async fn systemd_watchdog(health: Health, shutdown: CancellationToken) {
     let mut usec = 0;
     if !sd_notify::watchdog_enabled(false, &mut usec) || usec == 0 {
@@ -89,95 +347,61 @@ pub async fn systemd_watchdog(health: Health, shutdown: CancellationToken) {
     }
 }
 
-/// Renews the leases of rows in flight, so a slow apply never loses its lease.
-pub async fn renew_leases(
-    store: Store,
-    instance: InstanceId,
-    inflight: Arc<InFlight>,
-    lease: Duration,
-    shutdown: CancellationToken,
-    beat: LoopHeartbeat,
-) {
-    let mut tick = tokio::time::interval((lease / 3).max(Duration::from_millis(200)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            _ = tick.tick() => {}
-        }
-        beat.beat();
-        let rows = inflight.rows();
-        if rows.is_empty() {
-            continue;
-        }
-        match store.renew_leases(instance, &rows, lease).await {
-            Ok(n) if (n as usize) < rows.len() => tracing::debug!(
-                in_flight = rows.len(),
-                renewed = n,
-                "some rows in flight are no longer ours (completed meanwhile, or taken over)"
-            ),
-            Ok(_) => {}
-            Err(error) => tracing::warn!(%error, "lease renewal failed"),
-        }
-    }
-    beat.finish();
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Readiness (database reachable, migrations current) every second; gauges from the database
-/// and a cooldown sweep every 15 s (the gauges count the work table: a scan, so not more often
-/// than Prometheus typically scrapes).
-pub async fn sampler(
-    store: Store,
-    health: Health,
-    cooldown: Option<Arc<CooldownCache>>,
-    shutdown: CancellationToken,
-    beat: LoopHeartbeat,
-) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut n: u64 = 0;
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            _ = tick.tick() => {}
+    struct Counter(u64);
+
+    impl BackgroundTask for Counter {
+        async fn activate(&mut self) -> Value {
+            self.0 += 1;
+            json!({"count": self.0})
         }
-        beat.beat();
-        // A ping waits at most a second: readiness must flip promptly when the database goes.
-        let up = matches!(
-            tokio::time::timeout(Duration::from_secs(1), store.ping()).await,
-            Ok(Ok(()))
-        );
-        health.set_database_ok(up);
-        if !up {
-            continue;
-        }
-        if n % 30 == 0 {
-            health.set_migrations_current(store.check_migrations().await.is_ok());
-        }
-        if n % 15 == 0 {
-            if let Some(cache) = &cooldown {
-                cache.sweep();
-            }
-            match tokio::time::timeout(Duration::from_secs(10), store.gauges())
-                .await
-                .unwrap_or_else(|_| Err(StoreError::Conflict("no answer in time".into())))
-            {
-                Ok(g) => {
-                    for p in g.perspectives {
-                        let label = p.perspective_name;
-                        metrics::gauge!(m::BACKLOG_EVENTS, m::LABEL_PERSPECTIVE => label.clone())
-                            .set((p.pending + p.leased + p.parked) as f64);
-                        metrics::gauge!(m::DEAD_LETTERS, m::LABEL_PERSPECTIVE => label.clone())
-                            .set(p.dead_lettered as f64);
-                        metrics::gauge!(m::OLDEST_PENDING_AGE_SECONDS, m::LABEL_PERSPECTIVE => label)
-                            .set(p.oldest_pending_age_seconds.unwrap_or(0.0));
-                    }
-                    metrics::gauge!(m::INSTANCES_LIVE).set(g.instances_live as f64);
-                }
-                Err(error) => tracing::debug!(%error, "gauge sampling failed"),
-            }
-        }
-        n = n.wrapping_add(1);
     }
-    beat.finish();
+
+    #[tokio::test(start_paused = true)]
+    async fn a_task_runs_on_its_timer_and_on_activation_and_reports_its_status() {
+        let health = Health::new();
+        let shutdown = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let driver = Driver::new(health.clone(), shutdown.clone(), tracker.clone());
+        let activator = driver.spawn(
+            "counter",
+            Duration::from_secs(60),
+            Duration::from_secs(600),
+            Counter(0),
+        );
+        // The first activation is immediate.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(driver.statuses()["counter"].activations, 1);
+        // An activation does not wait for the timer.
+        activator.activate();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(driver.statuses()["counter"].last, json!({"count": 2}));
+        // The timer.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(driver.statuses()["counter"].activations, 3);
+        assert!(driver.activator("counter").is_some());
+        assert_eq!(health.liveness(), Ok(()));
+
+        // A task with a stop of its own ends when that is cancelled, the others go on.
+        let own = CancellationToken::new();
+        let (_, handle) = driver.spawn_until(
+            "own",
+            Duration::from_secs(60),
+            Duration::from_secs(600),
+            Counter(0),
+            own.clone(),
+        );
+        own.cancel();
+        handle.await.expect("the task ends");
+        assert!(!shutdown.is_cancelled());
+
+        shutdown.cancel();
+        tracker.close();
+        tracker.wait().await;
+        // Finished on purpose: it no longer counts for liveness.
+        assert_eq!(health.liveness(), Ok(()));
+    }
 }

@@ -1,12 +1,17 @@
-//! The daemon: start-up checks, consumer loops, background loops, graceful shutdown.
+//! The daemon: start-up checks, consumer loops, background tasks, graceful shutdown.
 //!
-//! [`DaemonBuilder::start`] takes no signal handler of its own: callers stop it through
-//! [`RunningDaemon::shutdown`] (tests, embedders) and `vantage run` wires SIGTERM/SIGINT to it.
+//! [`DaemonBuilder::start`] installs no signal handler: it stops when the token given to
+//! [`DaemonBuilder::shutdown_on`] (or [`RunningDaemon::shutdown_token`]) is cancelled, as
+//! mini-redis's `server::run(listener, shutdown)` does. Only the binary's front end
+//! (`crate::cli`) knows about signals and exit codes.
 
 mod background;
 mod consumer;
 mod listener;
 
+pub use background::{Activator, TaskStatus};
+
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,58 +22,49 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cli::{exit, GlobalArgs};
-use crate::config::Settings;
+use self::background::{Driver, Heartbeat, LeaseRenewal, Sampler};
+use crate::config::{Settings, WorkerSettings};
 use crate::perspective::{Perspective, PerspectiveRegistry, RegistryError};
-use crate::pipeline::apply::ApplyContext;
-use crate::pipeline::claim::ClaimLimits;
 use crate::pipeline::cooldown::CooldownCache;
 use crate::pipeline::inflight::InFlight;
 use crate::pipeline::Pipeline;
 use crate::store::{InstanceId, InstanceInfo, Store, StoreError, StoreOptions};
-use crate::telemetry::http::{Health, HttpState};
+use crate::telemetry::health::Health;
+use crate::telemetry::http::HttpState;
 
-/// Why the daemon could not start or stopped abnormally; each maps to an exit code.
+/// Why the daemon could not start or stopped abnormally (`crate::cli::exit` maps each to an
+/// exit code).
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
-    /// Configuration problem (bad perspective statement, none configured, schema mismatch).
+    /// Configuration problem (bad perspective statement, none configured, an HTTP address that
+    /// cannot be bound).
     #[error("{0}")]
     Config(String),
-    /// The database stayed unreachable past `database.connect_timeout`.
+    /// The database: unreachable past `database.connect_timeout`, refused the credentials,
+    /// has no such database, or a schema this binary cannot run on.
     #[error(transparent)]
-    Unreachable(StoreError),
+    Store(StoreError),
+    /// The shutdown token was cancelled during start-up: nothing was claimed, nothing is left
+    /// registered.
+    #[error("stopped during start-up")]
+    Stopped,
     /// Anything else.
     #[error("{0}")]
     Internal(String),
 }
 
-impl DaemonError {
-    /// The process exit code for this error (SPEC §5).
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            DaemonError::Config(_) => exit::CONFIG,
-            DaemonError::Unreachable(_) => exit::UNAVAILABLE,
-            DaemonError::Internal(_) => exit::FAILURE,
-        }
-    }
-}
-
 impl From<RegistryError> for DaemonError {
     fn from(e: RegistryError) -> Self {
         match e {
-            RegistryError::Store(e) => store_error(e),
+            RegistryError::Store(e) => DaemonError::Store(e),
             other => DaemonError::Config(other.to_string()),
         }
     }
 }
 
-fn store_error(e: StoreError) -> DaemonError {
-    match e {
-        e @ (StoreError::SchemaNewer(_)
-        | StoreError::SchemaBehind(_)
-        | StoreError::InvalidUrl(_)) => DaemonError::Config(e.to_string()),
-        e if e.is_connection_error() => DaemonError::Unreachable(e),
-        e => DaemonError::Internal(e.to_string()),
+impl From<StoreError> for DaemonError {
+    fn from(e: StoreError) -> Self {
+        DaemonError::Store(e)
     }
 }
 
@@ -80,6 +76,7 @@ pub struct DaemonBuilder {
     cooldown: Option<Arc<CooldownCache>>,
     http: HttpMode,
     instance: InstanceId,
+    shutdown: CancellationToken,
 }
 
 enum HttpMode {
@@ -98,6 +95,7 @@ impl DaemonBuilder {
             cooldown: None,
             http: HttpMode::FromSettings,
             instance: InstanceId::new(),
+            shutdown: CancellationToken::new(),
         }
     }
 
@@ -143,202 +141,104 @@ impl DaemonBuilder {
         self
     }
 
-    /// Connects, migrates (unless `database.auto_migrate = false`), registers and prepares the
-    /// perspectives, registers the instance, and starts every loop.
+    /// Stops the daemon when `token` is cancelled: during [`start`](Self::start), which then
+    /// returns [`DaemonError::Stopped`] (a connection retried or a migration waited on is
+    /// abandoned), and afterwards, with the graceful shutdown.
+    pub fn shutdown_on(mut self, token: CancellationToken) -> Self {
+        self.shutdown = token;
+        self
+    }
+
+    /// Checks what needs no database (perspectives, the HTTP address), connects, migrates
+    /// (unless `database.auto_migrate = false`), prepares and registers the perspectives,
+    /// registers the instance, and starts every loop.
     pub async fn start(self) -> Result<RunningDaemon, DaemonError> {
-        let settings = Arc::new(self.settings);
-        let instance = self.instance;
-        let store = match self.store {
-            Some(s) => s,
-            None => Store::connect(&daemon_store_options(&settings, instance))
-                .await
-                .map_err(store_error)?,
+        let DaemonBuilder {
+            settings,
+            extra,
+            store,
+            cooldown,
+            http,
+            instance,
+            shutdown,
+        } = self;
+        let settings = Arc::new(settings);
+
+        // First what fails without a database, so such a start writes nothing.
+        let registry = registry(&settings, extra)?;
+        let listener = match http {
+            HttpMode::Off => None,
+            HttpMode::Listener(l) => Some(l),
+            HttpMode::FromSettings => Some(
+                crate::telemetry::http::bind(settings.http.listen)
+                    .await
+                    .map(|(l, _)| l)
+                    .map_err(|e| DaemonError::Config(e.to_string()))?,
+            ),
         };
-        if settings.database.auto_migrate {
-            let applied = store.migrate().await.map_err(store_error)?;
-            for m in applied {
-                tracing::info!(version = m.version, description = %m.description, "applied migration");
-            }
-        } else {
-            store.check_migrations().await.map_err(store_error)?;
-        }
-
-        let mut registry = PerspectiveRegistry::from_settings(&settings.perspectives)?;
-        for p in self.extra {
-            registry.add(p)?;
-        }
-        if registry.is_empty() {
-            return Err(DaemonError::Config(
-                "no perspectives configured: add a [[perspectives]] section to the configuration"
-                    .into(),
-            ));
-        }
-        crate::perspective::prepare_sql_perspectives(&store, &settings.perspectives).await?;
-        registry.register_all(&store).await?;
-
-        let info = InstanceInfo::current("vantage");
-        store
-            .heartbeat(instance, &info)
-            .await
-            .map_err(store_error)?;
-
         let metrics = crate::telemetry::recorder::install()
             .map_err(|e| DaemonError::Internal(e.to_string()))?;
+
+        // Until the instance is registered, a stop abandons the start: nothing to give back.
+        let store = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return Err(DaemonError::Stopped),
+            store = prepare_database(store, &settings, instance, &registry) => store?,
+        };
+        let info = InstanceInfo::current("vantage");
+        store.heartbeat(instance, &info).await?;
+        // From here on a stop is the graceful shutdown (the supervisor below).
+
         let health = Health::new();
         health.set_database_ok(true);
         health.set_migrations_current(true);
-
-        let cooldown = match self.cooldown {
-            Some(c) => Some(c),
-            None if settings.cooldown.enabled => Some(Arc::new(CooldownCache::new(
-                settings.cooldown.ttl,
-                settings.cooldown.max_entries,
-            ))),
-            None => None,
-        };
-
-        let stop_claiming = CancellationToken::new();
-        let stop_background = CancellationToken::new();
-        let consumers = TaskTracker::new();
-        let mut consumer_tasks = Vec::new();
-        let background = TaskTracker::new();
-
-        // HTTP first, so a port conflict fails start-up before any work is claimed.
-        let http_addr = match self.http {
-            HttpMode::Off => None,
-            mode => {
-                let listener = match mode {
-                    HttpMode::Listener(l) => l,
-                    _ => crate::telemetry::http::bind(settings.http.listen)
-                        .await
-                        .map(|(l, _)| l)
-                        .map_err(|e| DaemonError::Internal(e.to_string()))?,
-                };
-                let addr = listener.local_addr().ok();
-                let state = HttpState::new(metrics, health.clone());
-                let token = stop_background.clone();
-                background.spawn(async move {
-                    if let Err(error) =
-                        crate::telemetry::http::serve_on(listener, state, token).await
-                    {
-                        tracing::error!(%error, "HTTP server failed");
-                    }
-                });
-                addr
-            }
-        };
-
-        let inflight = InFlight::new();
+        let cooldown = cooldown.or_else(|| {
+            let c = &settings.cooldown;
+            c.enabled
+                .then(|| Arc::new(CooldownCache::new(c.ttl, c.max_entries)))
+        });
+        let mut tasks = Tasks::default();
+        let http_addr =
+            listener.and_then(|l| tasks.serve_http(l, HttpState::new(metrics, health.clone())));
         let names = registry.names();
-        let pipeline = Pipeline {
-            ctx: ApplyContext {
-                store: store.clone(),
-                instance,
-                registry,
-                cooldown: cooldown.clone(),
-                backoff_base: settings.worker.retry_backoff_base,
-                backoff_max: settings.worker.retry_backoff_max,
-                max_attempts: settings.worker.max_perspective_event_attempts,
-                apply_timeout: settings.worker.apply_timeout,
-                small_transactions: Default::default(),
-                inflight: Arc::clone(&inflight),
-            },
-            limits: ClaimLimits {
-                lease: settings.worker.lease,
-                max_streams: settings.worker.max_streams_per_claim,
-                batch_size: settings.worker.batch_size,
-            },
-            perspectives: names.clone(),
-            inflight: Arc::clone(&inflight),
-            dead_letters_enabled: true,
-        };
-
-        let (wake_tx, wake_rx) = watch::channel(0u64);
-        let wake_tx = Arc::new(wake_tx);
-        {
-            let store = store.clone();
-            let token = stop_claiming.clone();
-            let beat = health.register_loop("listener", Duration::from_secs(30));
-            let wake = Arc::clone(&wake_tx);
-            consumer_tasks.push(consumers.spawn(async move {
-                listener::run(store, wake, token, || beat.beat()).await;
-                beat.finish();
-            }));
-        }
-        for id in 0..settings.worker.consumers {
-            let pipeline = pipeline.clone();
-            let wake = wake_rx.clone();
-            let token = stop_claiming.clone();
-            let poll = settings.worker.poll_interval;
-            // A batch may legitimately take long; liveness only flags a loop silent for long.
-            let stale = (settings.worker.lease * 3).max(poll * 3);
-            let beat = health.register_loop(format!("consumer-{id}"), stale);
-            consumer_tasks.push(consumers.spawn(async move {
-                consumer::run(id, pipeline, wake, poll, token, || beat.beat()).await;
-                beat.finish();
-            }));
-        }
-        background.spawn(background::heartbeat(
-            store.clone(),
+        let worker = &settings.worker;
+        let pipeline = Pipeline::new(store.clone(), instance, registry, cooldown.clone(), worker);
+        let inflight = Arc::clone(&pipeline.inflight);
+        let wake = tasks.spawn_consumers(&pipeline, &health, worker);
+        let (driver, renewal) = tasks.spawn_background(Background {
+            store: store.clone(),
             instance,
             info,
-            Arc::clone(&settings),
-            health.clone(),
-            stop_background.clone(),
-            health.register_loop("heartbeat", settings.orphans.heartbeat_interval * 3),
-        ));
-        // Stopped on its own, before deregistration: a renewal in flight locks the rows it
-        // renews, and deregistration skips locked rows.
-        let stop_renewal = CancellationToken::new();
-        let renewal = background.spawn(background::renew_leases(
-            store.clone(),
-            instance,
-            Arc::clone(&inflight),
-            settings.worker.lease,
-            stop_renewal.clone(),
-            health.register_loop("lease-renewal", settings.worker.lease),
-        ));
-        background.spawn(background::systemd_watchdog(
-            health.clone(),
-            stop_background.clone(),
-        ));
-        background.spawn(background::sampler(
-            store.clone(),
-            health.clone(),
-            cooldown.clone(),
-            stop_background.clone(),
-            health.register_loop("sampler", Duration::from_secs(30)),
-        ));
+            settings: Arc::clone(&settings),
+            health: health.clone(),
+            inflight: Arc::clone(&inflight),
+            cooldown: cooldown.clone(),
+        });
 
-        tracing::info!(%instance, perspectives = ?names, consumers = settings.worker.consumers,
+        tracing::info!(%instance, perspectives = ?names, consumers = worker.consumers,
             http = ?http_addr, schema = %store.schema(), database = %store.target(), "vantage is running");
         let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
 
-        let shutdown = CancellationToken::new();
+        let stop = DrainAndStop {
+            store,
+            instance,
+            inflight: Arc::clone(&inflight),
+            health: health.clone(),
+            grace: worker.shutdown_grace,
+            stop_claiming: tasks.stop_claiming,
+            stop_background: tasks.stop_background,
+            stop_renewal: tasks.stop_renewal,
+            renewal,
+            consumers: tasks.consumers,
+            consumer_tasks: tasks.consumer_tasks,
+            background: tasks.background,
+            _wake: wake,
+        };
         let supervisor = {
             let shutdown = shutdown.clone();
-            let health = health.clone();
-            let store = store.clone();
-            let grace = settings.worker.shutdown_grace;
-            let stop_inflight = Arc::clone(&inflight);
             tokio::spawn(async move {
                 shutdown.cancelled().await;
-                drain_and_stop(DrainAndStop {
-                    store,
-                    instance,
-                    inflight: stop_inflight,
-                    health,
-                    grace,
-                    stop_claiming,
-                    stop_background,
-                    stop_renewal,
-                    renewal,
-                    consumers,
-                    consumer_tasks,
-                    background,
-                    _wake: wake_tx,
-                })
-                .await
+                drain_and_stop(stop).await
             })
         };
 
@@ -349,9 +249,179 @@ impl DaemonBuilder {
             http_addr,
             cooldown,
             inflight,
+            driver,
             supervisor,
         })
     }
+}
+
+/// The SQL perspectives of the settings and the Rust ones added to the builder; at least one.
+fn registry(
+    settings: &Settings,
+    extra: Vec<Arc<dyn Perspective>>,
+) -> Result<PerspectiveRegistry, DaemonError> {
+    let mut registry = PerspectiveRegistry::from_settings(&settings.perspectives)?;
+    for p in extra {
+        registry.add(p)?;
+    }
+    if registry.is_empty() {
+        return Err(DaemonError::Config(
+            "no perspectives configured: add a [[perspectives]] section to the configuration"
+                .into(),
+        ));
+    }
+    Ok(registry)
+}
+
+/// The loops of a running daemon and how they are stopped: consumers (and the work listener)
+/// first, background tasks and HTTP last (see [`drain_and_stop`]).
+#[derive(Default)]
+struct Tasks {
+    stop_claiming: CancellationToken,
+    stop_background: CancellationToken,
+    /// Lease renewal is stopped on its own, before deregistration: a renewal in flight locks
+    /// the rows it renews, and deregistration skips locked rows.
+    stop_renewal: CancellationToken,
+    consumers: TaskTracker,
+    consumer_tasks: Vec<JoinHandle<()>>,
+    background: TaskTracker,
+}
+
+/// What the background tasks work with.
+struct Background {
+    store: Store,
+    instance: InstanceId,
+    info: InstanceInfo,
+    settings: Arc<Settings>,
+    health: Health,
+    inflight: Arc<InFlight>,
+    cooldown: Option<Arc<CooldownCache>>,
+}
+
+impl Tasks {
+    /// Serves `/metrics` and the probes until the background tasks stop; returns the address.
+    fn serve_http(&self, listener: TcpListener, state: HttpState) -> Option<SocketAddr> {
+        let addr = listener.local_addr().ok();
+        let token = self.stop_background.clone();
+        self.background.spawn(async move {
+            if let Err(error) = crate::telemetry::http::serve_on(listener, state, token).await {
+                tracing::error!(%error, "HTTP server failed");
+            }
+        });
+        addr
+    }
+
+    /// The work listener and `worker.consumers` consumer loops; returns the wake-up sender
+    /// (kept alive until the consumers have stopped).
+    fn spawn_consumers(
+        &mut self,
+        pipeline: &Pipeline,
+        health: &Health,
+        worker: &WorkerSettings,
+    ) -> Arc<watch::Sender<u64>> {
+        let (wake_tx, wake_rx) = watch::channel(0u64);
+        let wake_tx = Arc::new(wake_tx);
+        {
+            let store = pipeline.ctx.store.clone();
+            let token = self.stop_claiming.clone();
+            let beat = health.register_loop("listener", Duration::from_secs(30));
+            let wake = Arc::clone(&wake_tx);
+            self.consumer_tasks.push(self.consumers.spawn(async move {
+                listener::run(store, wake, token, || beat.beat()).await;
+                beat.finish();
+            }));
+        }
+        for id in 0..worker.consumers {
+            let pipeline = pipeline.clone();
+            let wake = wake_rx.clone();
+            let token = self.stop_claiming.clone();
+            let poll = worker.poll_interval;
+            // A batch may legitimately take long; liveness only flags a loop silent for long.
+            let stale = (worker.lease * 3).max(poll * 3);
+            let beat = health.register_loop(format!("consumer-{id}"), stale);
+            self.consumer_tasks.push(self.consumers.spawn(async move {
+                consumer::run(id, pipeline, wake, poll, token, || beat.beat()).await;
+                beat.finish();
+            }));
+        }
+        wake_tx
+    }
+
+    /// Heartbeat and cleanup, lease renewal, the sampler (one [`Driver`]), and the systemd
+    /// watchdog; returns the driver and the handle of lease renewal.
+    fn spawn_background(&self, b: Background) -> (Driver, JoinHandle<()>) {
+        let driver = Driver::new(
+            b.health.clone(),
+            self.stop_background.clone(),
+            self.background.clone(),
+        );
+        let orphans = &b.settings.orphans;
+        let lease = b.settings.worker.lease;
+        driver.spawn(
+            "heartbeat",
+            orphans.heartbeat_interval,
+            orphans.heartbeat_interval * 3,
+            Heartbeat {
+                store: b.store.clone(),
+                instance: b.instance,
+                info: b.info,
+                settings: Arc::clone(&b.settings),
+                health: b.health.clone(),
+            },
+        );
+        let (_, renewal) = driver.spawn_until(
+            "lease-renewal",
+            LeaseRenewal::period(lease),
+            lease,
+            LeaseRenewal {
+                store: b.store.clone(),
+                instance: b.instance,
+                inflight: b.inflight,
+                lease,
+            },
+            self.stop_renewal.clone(),
+        );
+        driver.spawn(
+            "sampler",
+            Sampler::PERIOD,
+            Duration::from_secs(30),
+            Sampler {
+                store: b.store,
+                health: b.health.clone(),
+                cooldown: b.cooldown,
+                round: 0,
+            },
+        );
+        self.background.spawn(background::systemd_watchdog(
+            b.health,
+            self.stop_background.clone(),
+        ));
+        (driver, renewal)
+    }
+}
+
+/// Connects (unless given a store), brings the schema up to date or checks it, prepares the
+/// SQL perspectives and registers every perspective. Abandoned as a whole by a stop.
+async fn prepare_database(
+    store: Option<Store>,
+    settings: &Settings,
+    instance: InstanceId,
+    registry: &PerspectiveRegistry,
+) -> Result<Store, DaemonError> {
+    let store = match store {
+        Some(s) => s,
+        None => Store::connect(&daemon_store_options(settings, instance)).await?,
+    };
+    if settings.database.auto_migrate {
+        for m in store.migrate().await? {
+            tracing::info!(version = m.version, description = %m.description, "applied migration");
+        }
+    } else {
+        store.check_migrations().await?;
+    }
+    crate::perspective::prepare_sql_perspectives(&store, &settings.perspectives).await?;
+    registry.register_all(&store).await?;
+    Ok(store)
 }
 
 struct DrainAndStop {
@@ -475,6 +545,7 @@ pub struct RunningDaemon {
     http_addr: Option<SocketAddr>,
     cooldown: Option<Arc<CooldownCache>>,
     inflight: Arc<InFlight>,
+    driver: Driver,
     supervisor: JoinHandle<Result<(), DaemonError>>,
 }
 
@@ -504,6 +575,16 @@ impl RunningDaemon {
         &self.inflight
     }
 
+    /// The latest status of each background task (`heartbeat`, `lease-renewal`, `sampler`).
+    pub fn background_status(&self) -> BTreeMap<String, TaskStatus> {
+        self.driver.statuses()
+    }
+
+    /// Wakes the background task named `name` before its timer would; false if there is none.
+    pub fn activate(&self, name: &str) -> bool {
+        self.driver.activator(name).map(|a| a.activate()).is_some()
+    }
+
     /// A token that starts the graceful shutdown when cancelled.
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
@@ -523,56 +604,5 @@ impl RunningDaemon {
                 "supervisor task failed: {e}"
             ))),
         }
-    }
-}
-
-/// `vantage run`.
-pub async fn run_command(global: &GlobalArgs) -> i32 {
-    let settings = match global.load_settings() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("vantage: {e}");
-            return exit::CONFIG;
-        }
-    };
-    if let Err(e) = crate::telemetry::logging::init(&settings.log) {
-        eprintln!("vantage: {e}");
-        return exit::CONFIG;
-    }
-    let daemon = match DaemonBuilder::new(settings).start().await {
-        Ok(d) => d,
-        Err(e) => {
-            tracing::error!(error = %e, "vantage could not start");
-            eprintln!("vantage: {e}");
-            return e.exit_code();
-        }
-    };
-    let token = daemon.shutdown_token();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("signal received: shutting down gracefully (send it again to exit at once)");
-        token.cancel();
-        wait_for_signal().await;
-        tracing::warn!("second signal: exiting at once");
-        std::process::exit(exit::FAILURE);
-    });
-    match daemon.wait().await {
-        Ok(()) => exit::OK,
-        Err(e) => {
-            eprintln!("vantage: {e}");
-            e.exit_code()
-        }
-    }
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
     }
 }

@@ -8,8 +8,34 @@ pub use sql::{SqlPerspective, SqlPerspectiveError};
 
 use async_trait::async_trait;
 use sqlx::PgConnection;
+use uuid::Uuid;
 
-pub use crate::pipeline::envelope::EventEnvelope;
+/// One event, as a perspective sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventEnvelope {
+    /// The work row (one per event and perspective); the cooldown key.
+    pub event_work_id: Uuid,
+    /// The perspective this delivery is for.
+    pub perspective_name: String,
+    /// The event's id.
+    pub event_id: Uuid,
+    /// Its stream.
+    pub stream_id: Uuid,
+    /// Its version within the stream.
+    pub stream_version: i32,
+    /// Its position in the whole store.
+    pub global_position: i64,
+    /// Its type.
+    pub event_type: String,
+    /// The payload.
+    pub data: serde_json::Value,
+    /// Metadata (an empty object when none).
+    pub metadata: serde_json::Value,
+    /// How many times the row has been claimed (this delivery included).
+    pub attempts: i32,
+    /// How many apply failures were recorded before this delivery.
+    pub failures: i32,
+}
 
 /// What a handler's failure means for the event.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

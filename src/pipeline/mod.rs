@@ -4,7 +4,7 @@
 //!    `get_stream_events`);
 //! 2. [`dlq_filter`]: rows claimed more than `max_perspective_event_attempts` times go to the
 //!    dead letters, before any deserialization;
-//! 3. [`envelope`]: survivors become typed [`EventEnvelope`]s;
+//! 3. [`envelope`]: survivors become typed [`EventEnvelope`](crate::perspective::EventEnvelope)s;
 //! 4. [`cooldown`]: recently applied work ids are completed, not re-applied (inside apply);
 //! 5. [`apply`]: handlers run in stream order per lane; success completes the row in the same
 //!    transaction, failure parks it with [`backoff`].
@@ -22,14 +22,14 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-pub use envelope::EventEnvelope;
-
 use self::apply::{ApplyBatchError, ApplyContext, BatchOutcome};
 use self::claim::{ClaimLimits, ClaimedBatch};
 use self::dlq_filter::DeadLetterSink;
 use self::inflight::InFlight;
 use self::lease::LeasedBatch;
-use crate::store::{MoveOutcome, StoreError, FAILURE_PERMANENT};
+use crate::config::WorkerSettings;
+use crate::perspective::PerspectiveRegistry;
+use crate::store::{InstanceId, MoveOutcome, Store, StoreError, FAILURE_PERMANENT};
 
 /// What one pass of the pipeline did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -85,6 +85,41 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
+    /// The pipeline of one daemon: `registry`'s handlers, claims and retries as `worker` says,
+    /// a fresh [`InFlight`] shared by every clone (one per process).
+    pub fn new(
+        store: Store,
+        instance: InstanceId,
+        registry: PerspectiveRegistry,
+        cooldown: Option<Arc<cooldown::CooldownCache>>,
+        worker: &WorkerSettings,
+    ) -> Pipeline {
+        let inflight = InFlight::new();
+        let perspectives = registry.names();
+        Pipeline {
+            ctx: ApplyContext {
+                store,
+                instance,
+                registry,
+                cooldown,
+                backoff_base: worker.retry_backoff_base,
+                backoff_max: worker.retry_backoff_max,
+                max_attempts: worker.max_perspective_event_attempts,
+                apply_timeout: worker.apply_timeout,
+                small_transactions: Default::default(),
+                inflight: Arc::clone(&inflight),
+            },
+            limits: ClaimLimits {
+                lease: worker.lease,
+                max_streams: worker.max_streams_per_claim,
+                batch_size: worker.batch_size,
+            },
+            perspectives,
+            inflight,
+            dead_letters_enabled: true,
+        }
+    }
+
     /// One pass: claim → DLQ filter → envelope → (cooldown, apply, complete).
     pub async fn drain_once(&self) -> Result<DrainOutcome, DrainError> {
         self.drain_once_unless(&CancellationToken::new()).await
@@ -136,7 +171,7 @@ impl Pipeline {
         let mut envelopes = Vec::with_capacity(filtered.survivors.len());
         for row in filtered.survivors {
             let work_id = row.event_work_id;
-            match EventEnvelope::from_row(row) {
+            match envelope::from_row(row) {
                 Ok(envelope) => envelopes.push(envelope),
                 Err(error) => {
                     match lease

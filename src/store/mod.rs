@@ -74,6 +74,23 @@ pub enum StoreError {
         /// The last connection error.
         reason: String,
     },
+    /// The server refused the credentials (wrong password, unknown role, `pg_hba.conf`): a
+    /// retry will not fix it.
+    #[error("authentication failed at {target}: {reason}; check the user and password of database.url (or PGUSER and PGPASSWORD) and the server's pg_hba.conf")]
+    AuthenticationFailed {
+        /// `host:port` (never the password).
+        target: String,
+        /// The server's message.
+        reason: String,
+    },
+    /// The database named in the connection options does not exist on the server.
+    #[error("database does not exist at {target}: {reason}; check the database name of database.url (or PGDATABASE)")]
+    DatabaseMissing {
+        /// `host:port`.
+        target: String,
+        /// The server's message.
+        reason: String,
+    },
     /// The connection string could not be parsed.
     #[error("invalid database url: {0}")]
     InvalidUrl(String),
@@ -83,9 +100,24 @@ pub enum StoreError {
     /// The schema has migrations still to apply.
     #[error("the database schema is not migrated (pending migration {0}); run `vantage migrate`")]
     SchemaBehind(i64),
+    /// A migration applied to the database differs from the one built into this binary.
+    #[error("migration {0} applied to this database differs from the one built into this binary (checksum mismatch): the database was migrated by another build of vantage; run that build, or restore its migration files and rebuild")]
+    MigrationChanged(i64),
+    /// The role may not do what a pending migration needs (create the schema, its tables or
+    /// functions).
+    #[error("the database role may not migrate schema \"{schema}\": {reason}; run `vantage migrate` as the schema's owner (see deploy/postgres/privileges.sql) and start the daemon with database.auto_migrate = false")]
+    MigratePrivilege {
+        /// The schema.
+        schema: String,
+        /// The server's message.
+        reason: String,
+    },
     /// A migration failed.
     #[error("migration failed: {0}")]
     Migrate(#[from] MigrateError),
+    /// A statement got no answer within the time its caller allowed.
+    #[error("no answer from the database within {0:?}")]
+    Timeout(Duration),
     /// An optimistic-concurrency check failed (SQLSTATE 40001), e.g. an append's expected version.
     #[error("{0}")]
     Conflict(String),
@@ -207,6 +239,36 @@ impl StoreOptions {
     }
 }
 
+/// The errors of a first connection that a retry will not fix, told apart by SQLSTATE: bad
+/// credentials (28P01, and 28000 for an unknown role or a `pg_hba.conf` reject) and an unknown
+/// database (3D000). The server's message names the user or database, never the password.
+fn refusal(error: &sqlx::Error, target: &str) -> Option<StoreError> {
+    let sqlx::Error::Database(db) = error else {
+        return None;
+    };
+    let reason = db.message().to_string();
+    let target = target.to_string();
+    match db.code().as_deref() {
+        Some("28P01" | "28000") => Some(StoreError::AuthenticationFailed { target, reason }),
+        Some("3D000") => Some(StoreError::DatabaseMissing { target, reason }),
+        _ => None,
+    }
+}
+
+/// A missing privilege (SQLSTATE 42501) during a migration becomes
+/// [`StoreError::MigratePrivilege`], with the hint of how to migrate instead.
+fn migrate_error(schema: &str, error: sqlx::Error) -> StoreError {
+    match &error {
+        sqlx::Error::Database(db) if db.code().as_deref() == Some("42501") => {
+            StoreError::MigratePrivilege {
+                schema: schema.to_string(),
+                reason: db.message().to_string(),
+            }
+        }
+        _ => StoreError::Database(error),
+    }
+}
+
 fn redact_error(message: &str, url: &str) -> String {
     match crate::config::url_password(url) {
         Some(p) if !p.is_empty() => message.replace(&p, "***"),
@@ -263,6 +325,9 @@ impl Store {
                 Ok(Err(e)) => e,
                 Err(_) => sqlx::Error::PoolTimedOut,
             };
+            if let Some(refused) = refusal(&error, &target) {
+                return Err(refused);
+            }
             let waited = started.elapsed();
             let reason = redact_error(&error.to_string(), opts.url.as_deref().unwrap_or(""));
             // Authentication or a missing database will not fix itself; a refusal might.
@@ -298,25 +363,44 @@ impl Store {
     }
 
     /// Creates the schema if needed and applies pending migrations; returns what it applied.
-    /// Idempotent. Fails with [`StoreError::SchemaNewer`] if the database is ahead of this binary.
+    /// Idempotent. Fails with [`StoreError::SchemaNewer`] if the database is ahead of this
+    /// binary and [`StoreError::MigrationChanged`] if an applied migration differs from ours.
+    ///
+    /// On a current schema it only reads (the migrations table), so a role without `CREATE`
+    /// (the daemon's, deploy/postgres/privileges.sql) can run it; a role that lacks a privilege
+    /// a pending migration needs gets [`StoreError::MigratePrivilege`].
     pub async fn migrate(&self) -> Result<Vec<AppliedMigration>, StoreError> {
-        // The schema name is validated by configuration as a plain identifier; quote it anyway.
-        let create = format!(
-            "CREATE SCHEMA IF NOT EXISTS \"{}\"",
-            self.schema.replace('"', "\"\"")
-        );
-        sqlx::query(&create).execute(&self.pool).await?;
+        match self.check_migrations().await {
+            // Pinning alters only functions not pinned yet: on a schema migrated by this
+            // version, none, so it needs no privilege then.
+            Ok(()) => return self.pin_search_path().await.map(|()| Vec::new()),
+            Err(StoreError::SchemaBehind(_)) => {}
+            Err(e) => return Err(e),
+        }
+        let schema = self.schema.as_str();
+        if !self.schema_exists().await? {
+            // The schema name is validated by configuration as a plain identifier; quote it anyway.
+            let create = format!(
+                "CREATE SCHEMA IF NOT EXISTS \"{}\"",
+                schema.replace('"', "\"\"")
+            );
+            sqlx::query(&create)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| migrate_error(schema, e))?;
+        }
 
         let before = self.applied_versions().await?;
         match MIGRATOR.run(&self.pool).await {
             Ok(()) => {}
             Err(MigrateError::VersionMissing(v)) => return Err(StoreError::SchemaNewer(v)),
+            Err(MigrateError::VersionMismatch(v)) => return Err(StoreError::MigrationChanged(v)),
+            Err(MigrateError::Execute(e) | MigrateError::ExecuteMigration(e, _)) => {
+                return Err(migrate_error(schema, e))
+            }
             Err(e) => return Err(e.into()),
         }
-        // Functions resolve table names through search_path; pin it to our schema so a producer
-        // whose session uses another search_path (a plain INSERT firing the fan-out trigger, a
-        // call of schema.append_events) still reaches our tables.
-        sqlx::query(PIN_SEARCH_PATH).execute(&self.pool).await?;
+        self.pin_search_path().await?;
 
         Ok(MIGRATOR
             .iter()
@@ -328,23 +412,61 @@ impl Store {
             .collect())
     }
 
-    /// Checks that every migration of this binary is applied and none unknown to it is.
+    /// Checks that every migration of this binary is applied, unchanged (same checksum), and
+    /// none unknown to it is.
     pub async fn check_migrations(&self) -> Result<(), StoreError> {
-        let applied = self.applied_versions().await?;
-        for v in &applied {
+        let applied = self.applied_migrations().await?;
+        for (v, _) in &applied {
             if !MIGRATOR.iter().any(|m| m.version == *v) {
                 return Err(StoreError::SchemaNewer(*v));
             }
         }
         for m in MIGRATOR.iter() {
-            if m.migration_type.is_up_migration() && !applied.contains(&m.version) {
-                return Err(StoreError::SchemaBehind(m.version));
+            if !m.migration_type.is_up_migration() {
+                continue;
+            }
+            match applied.iter().find(|(v, _)| *v == m.version) {
+                None => return Err(StoreError::SchemaBehind(m.version)),
+                Some((_, checksum)) if checksum.as_slice() != &*m.checksum => {
+                    return Err(StoreError::MigrationChanged(m.version))
+                }
+                Some(_) => {}
             }
         }
         Ok(())
     }
 
+    /// Functions resolve table names through search_path; pin it to our schema so a producer
+    /// whose session uses another search_path (a plain INSERT firing the fan-out trigger, a
+    /// call of schema.append_events) still reaches our tables.
+    async fn pin_search_path(&self) -> Result<(), StoreError> {
+        sqlx::query(PIN_SEARCH_PATH)
+            .execute(&self.pool)
+            .await
+            .map(|_| ())
+            .map_err(|e| migrate_error(&self.schema, e))
+    }
+
+    async fn schema_exists(&self) -> Result<bool, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT to_regnamespace(quote_ident($1)) IS NOT NULL")
+                .bind(&self.schema)
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
     async fn applied_versions(&self) -> Result<Vec<i64>, StoreError> {
+        Ok(self
+            .applied_migrations()
+            .await?
+            .into_iter()
+            .map(|(v, _)| v)
+            .collect())
+    }
+
+    /// Version and checksum of every successfully applied migration.
+    async fn applied_migrations(&self) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
         let exists: bool = sqlx::query_scalar(
             "SELECT to_regclass(quote_ident($1) || '._sqlx_migrations') IS NOT NULL",
         )
@@ -354,8 +476,8 @@ impl Store {
         if !exists {
             return Ok(Vec::new());
         }
-        Ok(sqlx::query_scalar(
-            "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version",
+        Ok(sqlx::query_as(
+            "SELECT version, checksum FROM _sqlx_migrations WHERE success ORDER BY version",
         )
         .fetch_all(&self.pool)
         .await?)

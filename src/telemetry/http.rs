@@ -11,11 +11,23 @@
 //! database and calls [`Health::set_database_ok`]), so a probe never waits on a slow database.
 //! Their body is a small JSON object: `{"status":"ok"}` or
 //! `{"status":"unavailable","reason":"database unreachable"}`.
+//!
+//! Connections are bounded so that slow or half-sent requests cannot starve the probes (nor
+//! use up the process's file descriptors): a connection must send its request head within
+//! [`Limits::request_head_timeout`] of being accepted or answered, and at most
+//! [`Limits::max_connections`] are served at once. At the cap, a new connection is taken and the
+//! oldest one that has not been answered yet (else the oldest idle one) is closed, so a probe
+//! always gets in.
 
+use std::collections::VecDeque;
 use std::fmt;
+use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use axum::extract::State;
@@ -24,10 +36,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
-use tokio::net::TcpListener;
-use tokio::time::Instant;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
+pub use super::health::{Health, LoopHeartbeat, Unavailable};
 use super::recorder::TelemetryError;
 
 /// `Content-Type` of `GET /metrics`: the Prometheus text exposition format.
@@ -36,257 +50,6 @@ pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8
 /// How often histogram samples are folded into their buckets when nobody scrapes (the
 /// recorder is installed without the exporter's own upkeep task).
 const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
-
-// ---------------------------------------------------------------------------------------------
-// Health
-
-/// Liveness and readiness state of one daemon, shared (cheap clone) between the daemon, which
-/// updates it, and the HTTP handlers, which read it.
-///
-/// Readiness starts *not ready* (database and migrations unknown) until the daemon reports.
-#[derive(Clone, Default)]
-pub struct Health {
-    inner: Arc<HealthInner>,
-}
-
-#[derive(Default)]
-struct HealthInner {
-    database_ok: AtomicBool,
-    migrations_current: AtomicBool,
-    shutting_down: AtomicBool,
-    loops: Mutex<Vec<Arc<LoopState>>>,
-}
-
-/// Why a probe fails. `Display` is the `reason` of the JSON body.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Unavailable {
-    /// `/readyz`: shutdown has begun.
-    ShuttingDown,
-    /// `/readyz`: the last database ping failed (or none succeeded yet).
-    DatabaseUnreachable,
-    /// `/readyz`: the schema is behind (or ahead of) this binary, or not checked yet.
-    MigrationsNotCurrent,
-    /// `/healthz`: a loop ended without [`LoopHeartbeat::finish`] (it returned early, failed
-    /// or panicked).
-    LoopDead {
-        /// The loop's name.
-        name: String,
-    },
-    /// `/healthz`: a loop has not beaten for longer than its staleness limit.
-    LoopStalled {
-        /// The loop's name.
-        name: String,
-        /// Time since its last beat.
-        silent_for: Duration,
-        /// The limit given at registration.
-        limit: Duration,
-    },
-}
-
-impl fmt::Display for Unavailable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Unavailable::ShuttingDown => f.write_str("shutting down"),
-            Unavailable::DatabaseUnreachable => f.write_str("database unreachable"),
-            Unavailable::MigrationsNotCurrent => f.write_str("migrations not current"),
-            Unavailable::LoopDead { name } => write!(f, "loop {name} died"),
-            Unavailable::LoopStalled {
-                name,
-                silent_for,
-                limit,
-            } => write!(
-                f,
-                "loop {name} has not run for {:.1}s (limit {:.1}s)",
-                silent_for.as_secs_f64(),
-                limit.as_secs_f64()
-            ),
-        }
-    }
-}
-
-impl Health {
-    /// A fresh state: no loops, database and migrations not yet confirmed, not shutting down.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Records the outcome of the latest database ping.
-    pub fn set_database_ok(&self, ok: bool) {
-        self.inner.database_ok.store(ok, Ordering::Relaxed);
-    }
-
-    /// Records whether every migration of this binary is applied (and none unknown to it).
-    pub fn set_migrations_current(&self, current: bool) {
-        self.inner
-            .migrations_current
-            .store(current, Ordering::Relaxed);
-    }
-
-    /// Marks the start of a graceful shutdown: `/readyz` answers 503 from now on, so load
-    /// balancers and orchestrators stop counting on this instance while it drains.
-    pub fn set_shutting_down(&self) {
-        self.inner.shutting_down.store(true, Ordering::Relaxed);
-    }
-
-    /// Whether [`set_shutting_down`](Self::set_shutting_down) was called.
-    pub fn is_shutting_down(&self) -> bool {
-        self.inner.shutting_down.load(Ordering::Relaxed)
-    }
-
-    /// Registers a background loop for `/healthz` and returns its heartbeat. The loop calls
-    /// [`LoopHeartbeat::beat`] every iteration; it counts as stalled once it has not beaten for
-    /// longer than `stale_after` (choose a bound on one iteration, e.g. 3× the loop's interval,
-    /// or the lease for consumer loops whose batches may take long), and as dead if the
-    /// heartbeat is dropped without [`LoopHeartbeat::finish`]. Registering a name again (a
-    /// restarted loop) replaces the earlier registration. Registration counts as a first beat.
-    pub fn register_loop(&self, name: impl Into<String>, stale_after: Duration) -> LoopHeartbeat {
-        let state = Arc::new(LoopState {
-            name: name.into(),
-            stale_after,
-            started: Instant::now(),
-            last_beat_nanos: AtomicU64::new(0),
-            phase: AtomicU8::new(RUNNING),
-        });
-        let mut loops = self.loops();
-        // Forget an earlier registration of this name, and loops that finished on purpose.
-        loops.retain(|l| l.name != state.name && l.phase.load(Ordering::Acquire) != FINISHED);
-        loops.push(Arc::clone(&state));
-        LoopHeartbeat {
-            state,
-            finished: false,
-        }
-    }
-
-    /// Liveness: `Ok` when every registered loop is alive (finished loops do not count).
-    ///
-    /// # Errors
-    /// The first dead or stalled loop.
-    pub fn liveness(&self) -> Result<(), Unavailable> {
-        let now = Instant::now();
-        for l in self.loops().iter() {
-            match l.phase.load(Ordering::Acquire) {
-                FINISHED => {}
-                DEAD => {
-                    return Err(Unavailable::LoopDead {
-                        name: l.name.clone(),
-                    })
-                }
-                _ => {
-                    let silent_for = l.silent_for(now);
-                    if silent_for > l.stale_after {
-                        return Err(Unavailable::LoopStalled {
-                            name: l.name.clone(),
-                            silent_for,
-                            limit: l.stale_after,
-                        });
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Readiness: `Ok` when not shutting down, the database is reachable and the migrations
-    /// are current.
-    ///
-    /// # Errors
-    /// The first unmet condition, in that order.
-    pub fn readiness(&self) -> Result<(), Unavailable> {
-        if self.inner.shutting_down.load(Ordering::Relaxed) {
-            Err(Unavailable::ShuttingDown)
-        } else if !self.inner.database_ok.load(Ordering::Relaxed) {
-            Err(Unavailable::DatabaseUnreachable)
-        } else if !self.inner.migrations_current.load(Ordering::Relaxed) {
-            Err(Unavailable::MigrationsNotCurrent)
-        } else {
-            Ok(())
-        }
-    }
-
-    fn loops(&self) -> std::sync::MutexGuard<'_, Vec<Arc<LoopState>>> {
-        self.inner
-            .loops
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-impl fmt::Debug for Health {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Health")
-            .field("liveness", &self.liveness())
-            .field("readiness", &self.readiness())
-            .finish()
-    }
-}
-
-const RUNNING: u8 = 0;
-const FINISHED: u8 = 1;
-const DEAD: u8 = 2;
-
-struct LoopState {
-    name: String,
-    stale_after: Duration,
-    started: Instant,
-    /// Time of the last beat, as nanoseconds since `started`.
-    last_beat_nanos: AtomicU64,
-    phase: AtomicU8,
-}
-
-impl LoopState {
-    fn silent_for(&self, now: Instant) -> Duration {
-        let last =
-            self.started + Duration::from_nanos(self.last_beat_nanos.load(Ordering::Relaxed));
-        now.saturating_duration_since(last)
-    }
-}
-
-/// The heartbeat of one background loop, from [`Health::register_loop`]. Call
-/// [`beat`](Self::beat) every iteration and [`finish`](Self::finish) when the loop ends on
-/// purpose (shutdown). Dropping it without `finish` — the loop returned early, failed, or
-/// panicked — marks the loop dead, and `/healthz` fails until the process restarts or the
-/// loop is registered again.
-#[must_use = "a heartbeat dropped at once marks its loop dead"]
-pub struct LoopHeartbeat {
-    state: Arc<LoopState>,
-    finished: bool,
-}
-
-impl LoopHeartbeat {
-    /// Records that the loop is making progress.
-    pub fn beat(&self) {
-        let nanos = u64::try_from(self.state.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.state.last_beat_nanos.store(nanos, Ordering::Relaxed);
-    }
-
-    /// Ends the loop on purpose: it no longer counts for `/healthz`.
-    pub fn finish(mut self) {
-        self.finished = true;
-        self.state.phase.store(FINISHED, Ordering::Release);
-    }
-
-    /// The name the loop was registered with.
-    pub fn name(&self) -> &str {
-        &self.state.name
-    }
-}
-
-impl Drop for LoopHeartbeat {
-    fn drop(&mut self) {
-        if !self.finished {
-            self.state.phase.store(DEAD, Ordering::Release);
-        }
-    }
-}
-
-impl fmt::Debug for LoopHeartbeat {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LoopHeartbeat")
-            .field("name", &self.state.name)
-            .field("stale_after", &self.state.stale_after)
-            .finish()
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Server
@@ -358,6 +121,7 @@ pub async fn serve(
 /// Serves the routes on an already bound listener until `shutdown` is cancelled, then stops
 /// accepting and returns once open requests are answered. While running it also performs the
 /// recorder's periodic upkeep (folding histogram samples into buckets between scrapes).
+/// Connections are bounded by the default [`Limits`].
 ///
 /// Cancel the token only after the rest of the daemon has drained, so `/readyz` can report
 /// "shutting down" and `/metrics` stays scrapable meanwhile.
@@ -369,13 +133,269 @@ pub async fn serve_on(
     state: HttpState,
     shutdown: CancellationToken,
 ) -> Result<(), TelemetryError> {
+    serve_with(listener, state, shutdown, Limits::default()).await
+}
+
+/// [`serve_on`] with other connection limits.
+///
+/// # Errors
+/// [`TelemetryError::Serve`] if the server fails.
+pub async fn serve_with(
+    listener: TcpListener,
+    state: HttpState,
+    shutdown: CancellationToken,
+    limits: Limits,
+) -> Result<(), TelemetryError> {
     let upkeep = tokio::spawn(upkeep(state.metrics.clone(), shutdown.clone()));
+    let listener = BoundedListener {
+        inner: listener,
+        limits,
+        open: Arc::default(),
+    };
     let result = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await
         .map_err(TelemetryError::Serve);
     upkeep.abort();
     result
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connection limits
+
+/// How long a connection may take to send a request head, counted from when it was accepted
+/// or last answered (so it is also how long an idle keep-alive connection is kept).
+pub const REQUEST_HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Most connections served at once (far below the unit's `LimitNOFILE`, leaving room for the
+/// database pool).
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// Bounds on the HTTP connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Most connections served at once.
+    pub max_connections: usize,
+    /// Time to send a request head, from accept or from the last response.
+    pub request_head_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: MAX_CONNECTIONS,
+            request_head_timeout: REQUEST_HEAD_TIMEOUT,
+        }
+    }
+}
+
+/// What the listener knows about one open connection.
+#[derive(Default)]
+struct ConnState {
+    /// A response has been written on it.
+    answered: AtomicBool,
+    /// Its last I/O was a response written (it waits for the next request).
+    idle: AtomicBool,
+    /// The listener closed it to make room.
+    evicted: AtomicBool,
+    /// Dropped.
+    closed: AtomicBool,
+    /// The task waiting to read from it, woken on eviction.
+    reader: Mutex<Option<Waker>>,
+}
+
+impl ConnState {
+    fn evict(&self) {
+        self.evicted.store(true, Ordering::Release);
+        let waker = self
+            .reader
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    fn live(&self) -> bool {
+        !self.closed.load(Ordering::Acquire) && !self.evicted.load(Ordering::Acquire)
+    }
+}
+
+type OpenConnections = Arc<Mutex<VecDeque<Arc<ConnState>>>>;
+
+/// A TCP listener that enforces [`Limits`].
+struct BoundedListener {
+    inner: TcpListener,
+    limits: Limits,
+    open: OpenConnections,
+}
+
+impl BoundedListener {
+    /// Makes room for one more connection; false if every slot is busy answering (then the new
+    /// connection is turned away).
+    fn admit(&self, conn: &Arc<ConnState>) -> bool {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        open.retain(|c| !c.closed.load(Ordering::Acquire));
+        let live = open.iter().filter(|c| c.live()).count();
+        if live >= self.limits.max_connections.max(1) {
+            let victim = open
+                .iter()
+                .find(|c| c.live() && !c.answered.load(Ordering::Acquire))
+                .or_else(|| {
+                    open.iter()
+                        .find(|c| c.live() && c.idle.load(Ordering::Acquire))
+                });
+            match victim {
+                Some(victim) => victim.evict(),
+                None => return false,
+            }
+        }
+        open.push_back(Arc::clone(conn));
+        true
+    }
+}
+
+impl axum::serve::Listener for BoundedListener {
+    type Io = BoundedIo;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (BoundedIo, SocketAddr) {
+        loop {
+            // axum's own accept: retries, and backs off on errors such as EMFILE.
+            let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+            let conn = Arc::new(ConnState::default());
+            if !self.admit(&conn) {
+                tracing::debug!(%addr, "HTTP connection refused: every slot is answering a request");
+                continue;
+            }
+            let timeout = self.limits.request_head_timeout;
+            return (
+                BoundedIo {
+                    stream,
+                    conn,
+                    timeout,
+                    deadline: Box::pin(tokio::time::sleep(timeout)),
+                },
+                addr,
+            );
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+/// A connection under [`Limits`]: its reads fail once the request-head deadline has passed or
+/// the listener evicted it, which makes the server close it.
+struct BoundedIo {
+    stream: TcpStream,
+    conn: Arc<ConnState>,
+    timeout: Duration,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl BoundedIo {
+    fn answered(&mut self) {
+        self.conn.answered.store(true, Ordering::Release);
+        self.conn.idle.store(true, Ordering::Release);
+        self.deadline.as_mut().reset(Instant::now() + self.timeout);
+    }
+}
+
+fn evicted() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "closed to make room for another connection",
+    )
+}
+
+impl AsyncRead for BoundedIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.conn.evicted.load(Ordering::Acquire) {
+            return Poll::Ready(Err(evicted()));
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut this.stream).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    this.conn.idle.store(false, Ordering::Release);
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                *this
+                    .conn
+                    .reader
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(cx.waker().clone());
+                // Evicted between the check above and storing the waker: nobody will wake us.
+                if this.conn.evicted.load(Ordering::Acquire) {
+                    return Poll::Ready(Err(evicted()));
+                }
+                if this.deadline.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "no complete request in time",
+                    )));
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl AsyncWrite for BoundedIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.stream).poll_write(cx, buf);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            this.answered();
+        }
+        written
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
+            this.answered();
+        }
+        written
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+impl Drop for BoundedIo {
+    fn drop(&mut self) {
+        self.conn.closed.store(true, Ordering::Release);
+    }
 }
 
 async fn upkeep(handle: PrometheusHandle, shutdown: CancellationToken) {
@@ -559,29 +579,6 @@ mod tests {
         task.await.expect("server stops");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_loop_that_stops_beating_goes_stale() {
-        let health = Health::new();
-        let beat = health.register_loop("cleanup", Duration::from_secs(30));
-        assert_eq!(health.liveness(), Ok(()));
-        tokio::time::advance(Duration::from_secs(20)).await;
-        beat.beat();
-        tokio::time::advance(Duration::from_secs(29)).await;
-        assert_eq!(health.liveness(), Ok(()));
-        tokio::time::advance(Duration::from_secs(2)).await;
-        let err = health.liveness().unwrap_err();
-        assert!(
-            matches!(&err, Unavailable::LoopStalled { name, .. } if name == "cleanup"),
-            "{err:?}"
-        );
-        assert!(err
-            .to_string()
-            .starts_with("loop cleanup has not run for 31.0s (limit 30.0s)"));
-        beat.beat();
-        assert_eq!(health.liveness(), Ok(()));
-        beat.finish();
-    }
-
     #[tokio::test]
     async fn metrics_are_prometheus_text() {
         let (addr, shutdown, task) = start(Health::new()).await;
@@ -595,5 +592,134 @@ mod tests {
         assert!(body.contains(super::super::metrics::BUILD_INFO), "{body}");
         shutdown.cancel();
         task.await.expect("server stops");
+    }
+
+    /// Opens `n` connections that each send part of a request head and then nothing; each
+    /// waits for the server to close it and counts that in the returned counter.
+    async fn half_sent(addr: SocketAddr, n: usize) -> Arc<std::sync::atomic::AtomicUsize> {
+        let closed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for _ in 0..n {
+            let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            stream
+                .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+                .await
+                .expect("write");
+            let closed = Arc::clone(&closed);
+            tokio::spawn(async move {
+                let mut buf = [0u8; 256];
+                loop {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                }
+                closed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+        closed
+    }
+
+    async fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+        let started = std::time::Instant::now();
+        while !done() {
+            assert!(started.elapsed() < limit, "{what} within {limit:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_thousand_half_sent_requests_cannot_starve_the_probes() {
+        let (addr, shutdown, task) = start(Health::new()).await;
+        let closed = half_sent(addr, 1000).await;
+        // The probe answers at once, although 1000 requests hang half-sent.
+        let (status, _, body) = tokio::time::timeout(Duration::from_secs(2), get(addr, "/healthz"))
+            .await
+            .expect("/healthz answers promptly");
+        assert_eq!((status, body.as_str()), (200, r#"{"status":"ok"}"#));
+        // The server keeps at most its cap of them open: the others are closed (and with them
+        // their file descriptors).
+        wait_until(
+            Duration::from_secs(10),
+            "the connections over the cap are closed",
+            || closed.load(std::sync::atomic::Ordering::SeqCst) >= 1000 - MAX_CONNECTIONS,
+        )
+        .await;
+        shutdown.cancel();
+        task.await.expect("server stops");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_head_not_sent_in_time_is_closed_and_answered_connections_are_kept() {
+        let handle = super::super::recorder::install().expect("recorder");
+        let (listener, addr) = bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .expect("bind");
+        let shutdown = CancellationToken::new();
+        let limits = Limits {
+            max_connections: 8,
+            request_head_timeout: Duration::from_millis(300),
+        };
+        let task = tokio::spawn(serve_with(
+            listener,
+            HttpState::new(handle, Health::new()),
+            shutdown.clone(),
+            limits,
+        ));
+
+        // Half-sent, and trickled a byte at a time (slowloris): both closed after the timeout.
+        let closed = half_sent(addr, 1).await;
+        let mut trickle = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let trickled = tokio::spawn(async move {
+            for b in b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: "
+                .iter()
+                .cycle()
+                .take(200)
+            {
+                if trickle.write_all(&[*b]).await.is_err() {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            false
+        });
+        wait_until(
+            Duration::from_secs(5),
+            "the half-sent request is closed",
+            || closed.load(std::sync::atomic::Ordering::SeqCst) == 1,
+        )
+        .await;
+        assert!(
+            tokio::time::timeout(Duration::from_secs(5), trickled)
+                .await
+                .expect("the trickled request is closed")
+                .expect("join"),
+            "the trickled request was kept open"
+        );
+
+        // A keep-alive connection that sends its requests promptly is served, request after
+        // request, beyond the cap's worth of half-sent ones that come and go.
+        let mut alive = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        for round in 0..3 {
+            // Once answered, it is not the one that makes room for newcomers.
+            let _more = if round > 0 {
+                Some(half_sent(addr, 10).await)
+            } else {
+                None
+            };
+            alive
+                .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .expect("write");
+            let mut buf = vec![0u8; 1024];
+            let n = tokio::time::timeout(Duration::from_secs(2), alive.read(&mut buf))
+                .await
+                .expect("answered promptly")
+                .expect("read");
+            let text = String::from_utf8_lossy(&buf[..n]);
+            assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        shutdown.cancel();
+        task.await.expect("join").expect("server stops");
     }
 }

@@ -1,5 +1,6 @@
-//! Telemetry: metric names (defined once), logging setup, the HTTP surface.
+//! Telemetry: metric names (defined once), logging setup, health state, the HTTP surface.
 
+pub mod health;
 pub mod http;
 pub mod logging;
 pub mod metrics;

@@ -1,0 +1,49 @@
+//! `vantage run`: the daemon in the foreground until SIGTERM or SIGINT.
+//!
+//! The signal handlers are installed before anything slow, so a stop while the daemon still
+//! connects or migrates is a clean exit with a log line (see [`super::signals`]).
+
+use super::signals::{self, Notices};
+use super::{exit, GlobalArgs};
+use crate::daemon::{DaemonBuilder, DaemonError};
+
+/// Runs `vantage run`; returns its exit code (SPEC §5, [`exit`]).
+pub async fn run(global: &GlobalArgs) -> i32 {
+    let settings = match global.load_settings() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("vantage: {e}");
+            return exit::CONFIG;
+        }
+    };
+    if let Err(e) = crate::telemetry::logging::init(&settings.log) {
+        eprintln!("vantage: {e}");
+        return exit::CONFIG;
+    }
+    let stop = match signals::install(Notices::log()) {
+        Ok(token) => token,
+        Err(e) => {
+            eprintln!("vantage: cannot install the signal handlers: {e}");
+            return exit::FAILURE;
+        }
+    };
+    let daemon = match DaemonBuilder::new(settings).shutdown_on(stop).start().await {
+        Ok(d) => d,
+        Err(DaemonError::Stopped) => {
+            tracing::info!("stopped during start-up, before any work was claimed");
+            return exit::OK;
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "vantage could not start");
+            eprintln!("vantage: {e}");
+            return e.exit_code();
+        }
+    };
+    match daemon.wait().await {
+        Ok(()) => exit::OK,
+        Err(e) => {
+            eprintln!("vantage: {e}");
+            e.exit_code()
+        }
+    }
+}
