@@ -277,6 +277,11 @@ async fn unreachable_database_exits_69_naming_host_and_port_but_not_the_password
         "gave up {:?} after start, long after the 2 s connect_timeout: {out:#?}",
         out.elapsed
     );
+    // stderr is a pipe here (a file, the journal): log lines carry no colour codes.
+    assert!(
+        out.stderr.contains("WARN") && !out.stderr.contains('\x1b'),
+        "colour codes in a non-terminal stderr: {out:#?}"
+    );
 }
 
 /// SPEC §5: 69 "once `database.connect_timeout` has passed (retrying with backoff until
@@ -396,6 +401,16 @@ Tick = "INSERT INTO public.cli_applied (stream_id, version) SELECT $2, $6 FROM p
         applied, total as f64,
         "every event applied once in this process:\n{metrics}"
     );
+    // Counters of things that have not happened are exported at 0 from the start, so a
+    // dashboard shows 0 and Prometheus's increase() sees the first move after a start.
+    for line in [
+        "vantage_dead_letter_moves_total{perspective=\"cli_model\",reason=\"MaxAttemptsExceeded\"} 0",
+        "vantage_dead_letter_moves_total{perspective=\"cli_model\",reason=\"PermanentFailure\"} 0",
+        "vantage_cooldown_skips_total{perspective=\"cli_model\"} 0",
+        "vantage_dead_letter_move_errors_total 0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} missing:\n{metrics}");
+    }
 
     let instances: Vec<Uuid> =
         sqlx::query_scalar("SELECT instance_id FROM wh_service_instances WHERE process_id = $1")

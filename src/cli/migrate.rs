@@ -1,7 +1,7 @@
 //! `vantage migrate`: apply the migrations, print what was applied.
 
 use super::{exit, GlobalArgs};
-use crate::store::{Store, StoreError, StoreOptions};
+use crate::store::{Store, StoreOptions};
 
 /// Runs `vantage migrate`.
 pub async fn run(global: &GlobalArgs) -> i32 {
@@ -16,7 +16,7 @@ pub async fn run(global: &GlobalArgs) -> i32 {
         Ok(s) => s,
         Err(e) => {
             eprintln!("vantage: {e}");
-            return exit::UNAVAILABLE;
+            return exit::for_store_error(&e);
         }
     };
     match store.migrate().await {
@@ -38,13 +38,10 @@ pub async fn run(global: &GlobalArgs) -> i32 {
             );
             exit::OK
         }
-        Err(e @ StoreError::SchemaNewer(_)) => {
-            eprintln!("vantage: {e}");
-            exit::CONFIG
-        }
+        // A newer or changed schema, a missing privilege: 78; a lost database: 69.
         Err(e) => {
             eprintln!("vantage: {e}");
-            exit::FAILURE
+            exit::for_store_error(&e)
         }
     }
 }

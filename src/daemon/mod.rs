@@ -185,6 +185,7 @@ impl DaemonBuilder {
             _ = shutdown.cancelled() => return Err(DaemonError::Stopped),
             store = prepare_database(store, &settings, instance, &registry) => store?,
         };
+        crate::telemetry::metrics::register_zeroes(&registry.names());
         let info = InstanceInfo::current("vantage");
         store.heartbeat(instance, &info).await?;
         // From here on a stop is the graceful shutdown (the supervisor below).

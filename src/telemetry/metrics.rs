@@ -141,3 +141,29 @@ pub fn describe_all() {
         "Build information (always 1), labelled with the version."
     );
 }
+
+/// Exports every counter of these perspectives at 0 (and the unlabelled ones), so `/metrics`
+/// shows them before anything happened: dashboards show 0 instead of "No data", and
+/// Prometheus's `increase()` sees the first dead-letter move after a start (a series that
+/// appears at 1 has no increase).
+pub fn register_zeroes(perspectives: &[String]) {
+    use crate::store::{FAILURE_MAX_ATTEMPTS, FAILURE_PERMANENT};
+    for p in perspectives {
+        for reason in [FAILURE_MAX_ATTEMPTS, FAILURE_PERMANENT] {
+            metrics::counter!(DEAD_LETTER_MOVES_TOTAL,
+                LABEL_PERSPECTIVE => p.clone(), LABEL_REASON => reason)
+            .increment(0);
+        }
+        for name in [
+            EVENTS_CLAIMED_TOTAL,
+            EVENTS_APPLIED_TOTAL,
+            APPLY_FAILURES_TOTAL,
+            COOLDOWN_SKIPS_TOTAL,
+            LEASE_TAKEOVERS_TOTAL,
+        ] {
+            metrics::counter!(name, LABEL_PERSPECTIVE => p.clone()).increment(0);
+        }
+    }
+    metrics::counter!(DEAD_LETTER_MOVE_ERRORS_TOTAL).increment(0);
+    metrics::counter!(LEASES_RELEASED_TOTAL).increment(0);
+}

@@ -210,6 +210,7 @@ async fn with_store(
     let daemon = match DaemonBuilder::new(settings.clone())
         .store(store.clone())
         .http_listener(listener)
+        .shutdown_on(interrupt.clone())
         .start()
         .await
     {
@@ -266,9 +267,5 @@ async fn with_store(
 
 fn store_failure(what: &str, e: &StoreError) -> i32 {
     eprintln!("vantage demo: {what}: {e}");
-    match e {
-        StoreError::Unreachable { .. } => exit::UNAVAILABLE,
-        StoreError::InvalidUrl(_) | StoreError::SchemaNewer(_) => exit::CONFIG,
-        _ => exit::FAILURE,
-    }
+    exit::for_store_error(e)
 }

@@ -1,37 +1,23 @@
 //! Ctrl-C and SIGTERM while the demo runs: the first stops it gracefully, a second exits at
-//! once. Kept apart so the demo can take the signal handling `vantage run` uses once that lives
-//! in `cli/` for both.
+//! once (exit 130, as for `vantage run`); SIGHUP is ignored. The handling itself is `vantage
+//! run`'s ([`crate::cli::signals`]); the demo only words the notices for a person.
 
 use tokio_util::sync::CancellationToken;
 
 use super::progress::CLEAR_LINE;
-use crate::cli::exit;
+use crate::cli::signals::{self, Notices};
 
 /// Cancels the returned token on the first SIGINT or SIGTERM; a second one exits at once.
 pub(super) fn watch_signals(tty: bool) -> std::io::Result<CancellationToken> {
-    use tokio::signal::unix::{signal, SignalKind};
-    // Registered here, not in the task, so a Ctrl-C right away is already ours.
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    let token = CancellationToken::new();
-    let cancel = token.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = interrupt.recv() => {}
-            _ = terminate.recv() => {}
-        }
-        let lead = if tty { CLEAR_LINE } else { "" };
-        eprintln!(
-            "{lead}Stopping: shutting the daemon down gracefully (press Ctrl-C again to exit at once)."
-        );
-        cancel.cancel();
-        tokio::select! {
-            _ = interrupt.recv() => {}
-            _ = terminate.recv() => {}
-        }
-        eprintln!("vantage demo: second signal, exiting at once.");
-        // The throwaway server's exit hook still stops it and removes its directory.
-        std::process::exit(exit::FAILURE);
-    });
-    Ok(token)
+    let lead = if tty { CLEAR_LINE } else { "" };
+    // The throwaway server's exit hook still stops it and removes its directory.
+    signals::install(Notices {
+        stopping: Box::new(move |_| {
+            eprintln!(
+                "{lead}Stopping: shutting the daemon down gracefully (press Ctrl-C again to exit at once)."
+            )
+        }),
+        forced: Box::new(|_| eprintln!("vantage demo: second signal, exiting at once.")),
+        hangup: Box::new(|| {}),
+    })
 }
