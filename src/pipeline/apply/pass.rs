@@ -1,0 +1,475 @@
+//! One pass of the apply stage over some lanes, in one transaction: the optimistic pass (no
+//! savepoints) and the careful one (a savepoint per event), their bookkeeping, and how a failed
+//! handler call is judged. [`super::apply_batch`] decides which passes run.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use sqlx::Acquire;
+use uuid::Uuid;
+
+use super::{ApplyBatchError, ApplyContext, BatchOutcome, Lane};
+use crate::perspective::{ApplyError, EventEnvelope, Perspective};
+use crate::pipeline::backoff::retry_delay;
+use crate::pipeline::lease::{LeasedBatch, Staged};
+use crate::store::{Store, StoreError, FAILURE_PERMANENT};
+use crate::telemetry::metrics as m;
+
+/// How long we ask the database whether it is there before calling it unavailable.
+const HEALTH_PROBE: Duration = Duration::from_secs(2);
+
+/// Per-perspective counters of applies and cooled rows, published once the pass commits.
+#[derive(Default)]
+struct Tally {
+    applied: BTreeMap<String, u64>,
+    cooled: BTreeMap<String, u64>,
+}
+
+impl Tally {
+    fn publish(self) {
+        for (p, n) in self.applied {
+            metrics::counter!(m::EVENTS_APPLIED_TOTAL, m::LABEL_PERSPECTIVE => p).increment(n);
+        }
+        for (p, n) in self.cooled {
+            metrics::counter!(m::COOLDOWN_SKIPS_TOTAL, m::LABEL_PERSPECTIVE => p).increment(n);
+        }
+    }
+}
+
+/// Marks made during one transaction, to forget again if it does not commit.
+#[derive(Default)]
+struct Marks(Vec<Uuid>);
+
+impl Marks {
+    fn mark(&mut self, ctx: &ApplyContext, perspective: &dyn Perspective, id: Uuid) {
+        if let Some(cache) = &ctx.cooldown {
+            cache.mark(id);
+            if perspective.effects_in_transaction() {
+                self.0.push(id);
+            }
+        }
+    }
+
+    fn forget(self, ctx: &ApplyContext) {
+        if let Some(cache) = &ctx.cooldown {
+            for id in self.0 {
+                cache.forget(id);
+            }
+        }
+    }
+}
+
+/// The bookkeeping of one pass over some lanes (one transaction).
+#[derive(Default)]
+struct Pass {
+    marks: Marks,
+    tally: Tally,
+    /// Rows to complete in this transaction.
+    done: Vec<Uuid>,
+    /// Changes staged on leased rows, reported after commit.
+    staged: Staged,
+    outcome: BatchOutcome,
+}
+
+impl Pass {
+    /// A cooled row: completed without re-applying.
+    fn cooled(&mut self, ev: &EventEnvelope) {
+        *self
+            .tally
+            .cooled
+            .entry(ev.perspective_name.clone())
+            .or_default() += 1;
+        self.outcome.cooled += 1;
+        self.done.push(ev.event_work_id);
+    }
+
+    /// A successful apply: cooled from now on, completed with the transaction.
+    fn applied(&mut self, ctx: &ApplyContext, perspective: &dyn Perspective, ev: &EventEnvelope) {
+        self.marks.mark(ctx, perspective, ev.event_work_id);
+        *self
+            .tally
+            .applied
+            .entry(ev.perspective_name.clone())
+            .or_default() += 1;
+        self.outcome.applied += 1;
+        self.done.push(ev.event_work_id);
+    }
+}
+
+/// How a pass ended when it did not commit.
+pub(super) enum Abort {
+    /// The database (or our use of it) failed as a whole.
+    Batch(ApplyBatchError),
+    /// A lock conflict at `event` of the pass's lane (None = at completion or commit; only
+    /// read when the pass ran one lane). The transaction was rolled back.
+    Conflict {
+        event: Option<usize>,
+        reason: String,
+    },
+    /// The event at `lane`/`event` failed in a way that took the transaction down with it (a
+    /// timeout, a statement that broke its connection). Rolled back; the event is to be
+    /// charged on its own statement.
+    Poisoned {
+        lane: usize,
+        event: usize,
+        error: String,
+    },
+}
+
+impl From<StoreError> for Abort {
+    fn from(e: StoreError) -> Self {
+        Abort::Batch(ApplyBatchError::Store(e))
+    }
+}
+
+impl From<sqlx::Error> for Abort {
+    fn from(e: sqlx::Error) -> Self {
+        Abort::Batch(ApplyBatchError::from(e))
+    }
+}
+
+fn is_cooled(ctx: &ApplyContext, id: Uuid) -> bool {
+    ctx.cooldown.as_ref().is_some_and(|c| c.is_cooled(id))
+}
+
+/// What one handler call produced.
+enum Applied {
+    Done,
+    Failed(ApplyError),
+    TimedOut,
+}
+
+async fn timed_apply(
+    ctx: &ApplyContext,
+    perspective: &dyn Perspective,
+    ev: &EventEnvelope,
+    conn: &mut sqlx::PgConnection,
+) -> Applied {
+    let started = Instant::now();
+    // A little later than the statement_timeout of SQL perspectives, so their statements end
+    // cleanly on the server (a savepoint can roll back) before the transaction is given up.
+    let deadline = ctx.apply_timeout + Duration::from_millis(250);
+    let result = tokio::time::timeout(deadline, perspective.apply(ev, conn)).await;
+    metrics::histogram!(m::APPLY_DURATION_SECONDS, m::LABEL_PERSPECTIVE => ev.perspective_name.clone())
+        .record(started.elapsed().as_secs_f64());
+    match result {
+        Ok(Ok(())) => Applied::Done,
+        Ok(Err(e)) => Applied::Failed(e),
+        Err(_) => Applied::TimedOut,
+    }
+}
+
+/// Whether the database answers at all (on any connection of the pool, within a moment).
+async fn database_answers(store: &Store) -> bool {
+    matches!(
+        tokio::time::timeout(HEALTH_PROBE, store.ping()).await,
+        Ok(Ok(()))
+    )
+}
+
+/// A batch transaction and its server process, listed for shutdown while it runs.
+struct BatchTx {
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    guard: crate::pipeline::inflight::BackendGuard,
+}
+
+impl BatchTx {
+    async fn begin(ctx: &ApplyContext) -> Result<BatchTx, StoreError> {
+        let (tx, pid) = ctx.store.begin_batch(ctx.apply_timeout).await?;
+        Ok(BatchTx {
+            tx,
+            guard: ctx.inflight.register_backend(pid),
+        })
+    }
+
+    /// Gives the transaction up while its connection may still be running a statement: cancel
+    /// that statement on the server (so the rollback does not wait for it and its locks go),
+    /// then drop the transaction, which rolls it back.
+    async fn abandon(self, store: &Store) {
+        let pid = self.guard.pid();
+        match tokio::time::timeout(HEALTH_PROBE, store.cancel_backend(pid)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::debug!(%error, pid, "could not cancel a batch statement"),
+            Err(_) => tracing::debug!(pid, "cancelling a batch statement got no answer"),
+        }
+        drop(self.tx);
+    }
+}
+
+/// What a failed handler call means for the pass, once the database has been asked.
+enum Verdict {
+    /// Charge the row (retryable), in this transaction.
+    Charge(String),
+    /// Dead-letter the row (permanent), in this transaction.
+    Permanent(String),
+    /// A lock conflict: retry the transaction, uncharged (for a while).
+    Conflict(String),
+    /// The statement broke the transaction or its connection: charge it on its own.
+    Poisoned(String),
+    /// The database is gone: give everything back, charge nobody.
+    Unavailable(String),
+}
+
+async fn judge(ctx: &ApplyContext, failure: Applied) -> Verdict {
+    match failure {
+        Applied::Done => unreachable!("judge is only called for failures"),
+        Applied::TimedOut => Verdict::Poisoned(format!(
+            "apply timed out after {} (worker.apply_timeout)",
+            humantime::format_duration(ctx.apply_timeout)
+        )),
+        Applied::Failed(ApplyError::Retryable(m)) => Verdict::Charge(m),
+        Applied::Failed(ApplyError::Permanent(m)) => Verdict::Permanent(m),
+        Applied::Failed(ApplyError::Conflict(m)) => Verdict::Conflict(m),
+        Applied::Failed(ApplyError::Unavailable(m)) => {
+            if database_answers(&ctx.store).await {
+                // The database is fine: the statement failed by itself (it raised a connection
+                // SQLSTATE, or killed its own backend).
+                Verdict::Poisoned(m)
+            } else {
+                Verdict::Unavailable(m)
+            }
+        }
+    }
+}
+
+/// Every event in one transaction, no savepoints. `None` = a handler failed (rolled back; the
+/// careful pass sorts the batch out).
+pub(super) async fn apply_fast(
+    ctx: &ApplyContext,
+    lease: &mut LeasedBatch,
+    lanes: &[Lane],
+) -> Result<Option<BatchOutcome>, Abort> {
+    let mut btx = BatchTx::begin(ctx).await?;
+    let mut pass = Pass::default();
+    for lane in lanes {
+        for (i, ev) in lane.events.iter().enumerate() {
+            if is_cooled(ctx, ev.event_work_id) {
+                pass.cooled(ev);
+                continue;
+            }
+            lease.mark_started(ev.event_work_id);
+            match timed_apply(ctx, lane.perspective.as_ref(), ev, &mut btx.tx).await {
+                Applied::Done => pass.applied(ctx, lane.perspective.as_ref(), ev),
+                Applied::Failed(ApplyError::Conflict(reason)) => {
+                    pass.marks.forget(ctx);
+                    drop(btx);
+                    return Err(Abort::Conflict {
+                        event: Some(i),
+                        reason,
+                    });
+                }
+                Applied::TimedOut => {
+                    pass.marks.forget(ctx);
+                    btx.abandon(&ctx.store).await;
+                    return Ok(None);
+                }
+                Applied::Failed(_) => {
+                    pass.marks.forget(ctx);
+                    drop(btx);
+                    return Ok(None);
+                }
+            }
+        }
+    }
+    finish(ctx, lease, btx, pass, lanes).await.map(Some)
+}
+
+/// Completes the pass's rows in the transaction and commits, then reports its changes. A lost
+/// lease rolls everything back; what the pass decided is then redone on its own statements.
+async fn finish(
+    ctx: &ApplyContext,
+    lease: &mut LeasedBatch,
+    mut btx: BatchTx,
+    pass: Pass,
+    lanes: &[Lane],
+) -> Result<BatchOutcome, Abort> {
+    let Pass {
+        marks,
+        tally,
+        done,
+        mut staged,
+        outcome,
+    } = pass;
+    let all_ours = match lease.complete_in(&mut btx.tx, &mut staged, &done).await {
+        Ok(all) => all,
+        Err(e) => {
+            marks.forget(ctx);
+            return Err(conflict_or_batch(e));
+        }
+    };
+    if !all_ours {
+        // Some row was taken over by another instance: our writes must not commit, or its new
+        // owner would apply them a second time.
+        drop(btx);
+        marks.forget(ctx);
+        let rows: Vec<Uuid> = lanes.iter().flat_map(Lane::ids).collect();
+        tracing::warn!(
+            rows = rows.len(),
+            "lost the lease of rows in flight; rolled the batch back, recording its failures and giving back the rest"
+        );
+        let before = lease.held();
+        lease.redo_after_rollback(staged, &rows).await?;
+        return Ok(BatchOutcome {
+            released: before - lease.held(),
+            lease_lost: true,
+            ..BatchOutcome::default()
+        });
+    }
+    if let Err(e) = btx.tx.commit().await {
+        marks.forget(ctx);
+        return Err(conflict_or_batch(StoreError::Database(e)));
+    }
+    lease.committed(staged);
+    tally.publish();
+    Ok(outcome)
+}
+
+/// A failure at completion or commit: a lock conflict is retried like a handler's.
+fn conflict_or_batch(e: StoreError) -> Abort {
+    if let StoreError::Database(db) = &e {
+        if crate::perspective::is_conflict(db) {
+            return Abort::Conflict {
+                event: None,
+                reason: db.to_string(),
+            };
+        }
+    }
+    if let StoreError::Conflict(reason) = &e {
+        return Abort::Conflict {
+            event: None,
+            reason: reason.clone(),
+        };
+    }
+    Abort::Batch(ApplyBatchError::Store(e))
+}
+
+/// One savepoint per event: charge only failing rows, dead-letter permanent failures.
+pub(super) async fn apply_careful(
+    ctx: &ApplyContext,
+    lease: &mut LeasedBatch,
+    lanes: &[Lane],
+) -> Result<BatchOutcome, Abort> {
+    let mut btx = BatchTx::begin(ctx).await?;
+    let mut pass = Pass::default();
+    for (li, lane) in lanes.iter().enumerate() {
+        for (i, ev) in lane.events.iter().enumerate() {
+            if is_cooled(ctx, ev.event_work_id) {
+                pass.cooled(ev);
+                continue;
+            }
+            let mut savepoint = match btx.tx.begin().await {
+                Ok(sp) => sp,
+                Err(e) => {
+                    pass.marks.forget(ctx);
+                    return Err(e.into());
+                }
+            };
+            lease.mark_started(ev.event_work_id);
+            let result = timed_apply(ctx, lane.perspective.as_ref(), ev, &mut savepoint).await;
+            let failure = match result {
+                Applied::Done => match savepoint.commit().await {
+                    Ok(()) => {
+                        pass.applied(ctx, lane.perspective.as_ref(), ev);
+                        continue;
+                    }
+                    Err(e) => {
+                        pass.marks.forget(ctx);
+                        return Err(e.into());
+                    }
+                },
+                Applied::TimedOut => {
+                    // The connection may still be running the handler's statement.
+                    drop(savepoint);
+                    pass.marks.forget(ctx);
+                    btx.abandon(&ctx.store).await;
+                    let Verdict::Poisoned(error) = judge(ctx, Applied::TimedOut).await else {
+                        unreachable!("a timeout is always charged on its own")
+                    };
+                    return Err(Abort::Poisoned {
+                        lane: li,
+                        event: i,
+                        error,
+                    });
+                }
+                failed => failed,
+            };
+            let rolled_back = savepoint.rollback().await.is_ok();
+            let verdict = match judge(ctx, failure).await {
+                // A statement that left the transaction usable is charged in it.
+                Verdict::Poisoned(m) if rolled_back => Verdict::Charge(m),
+                v => v,
+            };
+            match verdict {
+                Verdict::Charge(error) => {
+                    let failures = u32::try_from(ev.failures).unwrap_or(0).saturating_add(1);
+                    let delay = retry_delay(failures, ctx.backoff_base, ctx.backoff_max);
+                    let behind: Vec<Uuid> = lane.events[i + 1..]
+                        .iter()
+                        .map(|e| e.event_work_id)
+                        .collect();
+                    let staged = async {
+                        lease
+                            .fail_in(
+                                &mut btx.tx,
+                                &mut pass.staged,
+                                ev.event_work_id,
+                                &error,
+                                delay,
+                            )
+                            .await?;
+                        lease
+                            .release_in(&mut btx.tx, &mut pass.staged, &behind)
+                            .await
+                    }
+                    .await;
+                    if let Err(e) = staged {
+                        pass.marks.forget(ctx);
+                        return Err(conflict_or_batch(e));
+                    }
+                    pass.outcome.failed += 1;
+                    pass.outcome.released += behind.len();
+                    break;
+                }
+                Verdict::Permanent(error) => {
+                    let moved = lease
+                        .dead_letter_in(
+                            &mut btx.tx,
+                            &mut pass.staged,
+                            ev.event_work_id,
+                            FAILURE_PERMANENT,
+                            &error,
+                        )
+                        .await;
+                    if let Err(e) = moved {
+                        pass.marks.forget(ctx);
+                        return Err(conflict_or_batch(e));
+                    }
+                    pass.outcome.dead_lettered += 1;
+                }
+                Verdict::Conflict(reason) => {
+                    pass.marks.forget(ctx);
+                    drop(btx);
+                    return Err(Abort::Conflict {
+                        event: Some(i),
+                        reason,
+                    });
+                }
+                Verdict::Poisoned(error) => {
+                    pass.marks.forget(ctx);
+                    btx.abandon(&ctx.store).await;
+                    return Err(Abort::Poisoned {
+                        lane: li,
+                        event: i,
+                        error,
+                    });
+                }
+                Verdict::Unavailable(reason) => {
+                    pass.marks.forget(ctx);
+                    drop(btx);
+                    return Err(Abort::Batch(ApplyBatchError::Unavailable(reason)));
+                }
+            }
+        }
+    }
+    finish(ctx, lease, btx, pass, lanes).await
+}
