@@ -42,6 +42,8 @@ async fn bench_drains_a_small_backlog_and_prints_the_three_lines() {
     assert!(last[2].starts_with("limit: "), "{text}");
     assert!(last[1].starts_with("vantage: "), "{text}");
     assert!(last[0].starts_with("drain/limit ratio: "), "{text}");
-    let ratio: f64 = last[0]["drain/limit ratio: ".len()..].parse().expect("a number");
+    let ratio: f64 = last[0]["drain/limit ratio: ".len()..]
+        .parse()
+        .expect("a number");
     assert!(ratio > 0.0, "{text}");
 }

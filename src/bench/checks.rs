@@ -336,6 +336,9 @@ async fn plans(
     let claim = bench.db.explain_claim(names, max_streams, batch).await?;
     out.plans
         .push((format!("claim_orphaned_perspective_events, {at}"), claim));
+    let fetch = bench.db.explain_fetch(names, max_streams, batch).await?;
+    out.plans
+        .push((format!("get_stream_events after that claim, {at}"), fetch));
     let lease = bench.db.explain_limit_lease(names, batch).await?;
     out.plans
         .push((format!("the limit's lease statement, {at}"), lease));
@@ -360,7 +363,13 @@ async fn claim_scale(bench: &Bench) -> Result<CheckOutcome, BenchError> {
         started.elapsed().as_secs_f64()
     ));
     let at_large = claim_samples(bench, &names).await?;
-    plans(bench, &mut out, &names, &format!("{large_rows}-row backlog")).await?;
+    plans(
+        bench,
+        &mut out,
+        &names,
+        &format!("{large_rows}-row backlog"),
+    )
+    .await?;
     out.details.push(format!(
         "claim round (claim_orphaned + get_stream_events, {SAMPLES} samples) p50/p99: {:.2}/{:.2} ms at {small_rows} rows, {:.2}/{:.2} ms at {large_rows} rows",
         at_small.p50_ms, at_small.p99_ms, at_large.p50_ms, at_large.p99_ms
@@ -397,7 +406,13 @@ async fn dead_tuples(bench: &Bench) -> Result<CheckOutcome, BenchError> {
             .await?;
         let deleted = bench.db.delete_work_after(last_live).await?;
         let held = claim_samples(bench, &names).await?;
-        plans(bench, &mut out, &names, &format!("10 000 live rows, {deleted} unprunable dead tuples")).await?;
+        plans(
+            bench,
+            &mut out,
+            &names,
+            &format!("10 000 live rows, {deleted} unprunable dead tuples"),
+        )
+        .await?;
         Ok::<_, BenchError>((deleted, held))
     }
     .await;

@@ -9,7 +9,7 @@ use crate::daemon::{DaemonBuilder, RunningDaemon};
 use crate::store::bench::DrainCheck;
 use crate::store::Store;
 
-use super::measure::{self, Percentiles, PerEvent};
+use super::measure::{self, PerEvent, Percentiles};
 use super::seed::Seed;
 use super::{Bench, BenchError};
 
@@ -154,7 +154,9 @@ pub async fn watch(
         produced_ok = matches!(h.await, Ok(Ok(_)));
     }
     if !produced_ok {
-        return Err(BenchError::Incorrect(format!("{what}: the producer failed")));
+        return Err(BenchError::Incorrect(format!(
+            "{what}: the producer failed"
+        )));
     }
 
     let after_metrics = bench.metrics.read();

@@ -52,7 +52,14 @@ pub async fn floor(
     perspectives: &[String],
     expected: u64,
 ) -> Result<LimitRun, BenchError> {
-    run(bench, perspectives, expected, "limit, one transaction", false).await
+    run(
+        bench,
+        perspectives,
+        expected,
+        "limit, one transaction",
+        false,
+    )
+    .await
 }
 
 async fn run(
@@ -69,7 +76,8 @@ async fn run(
     let mut options = bench.daemon_options.clone();
     options.max_connections = connections as u32;
     options.application_name = "vantage bench limit".into();
-    let clients = crate::store::bench::BenchStore::new(crate::store::Store::connect(&options).await?);
+    let clients =
+        crate::store::bench::BenchStore::new(crate::store::Store::connect(&options).await?);
     bench.db.settle_stats().await;
     let before = bench.db.counters(bench.statement_stats).await?;
     let bar = bench.progress.bar(what, expected);
@@ -106,7 +114,9 @@ async fn run(
         match t.await {
             Ok(r) => r?,
             Err(e) => {
-                return Err(BenchError::Incorrect(format!("{what}: a client crashed: {e}")));
+                return Err(BenchError::Incorrect(format!(
+                    "{what}: a client crashed: {e}"
+                )));
             }
         }
     }

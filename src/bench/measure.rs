@@ -149,7 +149,10 @@ pub fn counter_sum(text: &str, name: &str, label_filter: Option<&str>) -> f64 {
                 .unwrap_or(false)
         })
         .filter(|l| label_filter.map(|f| l.contains(f)).unwrap_or(true))
-        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.trim().parse::<f64>().ok()))
+        .filter_map(|l| {
+            l.rsplit_once(' ')
+                .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+        })
         .sum()
 }
 
@@ -286,7 +289,10 @@ x_sum 1
         assert_eq!(h.count(), 100.0);
         let p50 = h.quantile(0.5).unwrap();
         assert!((p50 - 0.0055).abs() < 1e-9, "{p50}");
-        let later = Histogram::parse(&text.replace("} 100", "} 200").replace("} 90", "} 190"), "x");
+        let later = Histogram::parse(
+            &text.replace("} 100", "} 200").replace("} 90", "} 190"),
+            "x",
+        );
         assert_eq!(later.since(&h).count(), 100.0);
         assert_eq!(Histogram::default().quantile(0.5), None);
     }

@@ -116,13 +116,31 @@ impl fmt::Display for Report {
             );
         };
         if let Some(v) = &self.vantage {
-            line(&v.what, v.rows, v.elapsed.as_secs_f64(), v.rate(), &v.per_event);
+            line(
+                &v.what,
+                v.rows,
+                v.elapsed.as_secs_f64(),
+                v.rate(),
+                &v.per_event,
+            );
         }
         if let Some(l) = &self.crash_safe {
-            line(&l.what, l.rows, l.elapsed.as_secs_f64(), l.rate(), &l.per_event);
+            line(
+                &l.what,
+                l.rows,
+                l.elapsed.as_secs_f64(),
+                l.rate(),
+                &l.per_event,
+            );
         }
         if let Some(l) = &self.floor {
-            line(&l.what, l.rows, l.elapsed.as_secs_f64(), l.rate(), &l.per_event);
+            line(
+                &l.what,
+                l.rows,
+                l.elapsed.as_secs_f64(),
+                l.rate(),
+                &l.per_event,
+            );
         }
         f.write_str(&table)?;
         if let Some(v) = &self.vantage {

@@ -44,7 +44,12 @@ pub struct BenchArgs {
     pub instances: u64,
     /// Scale and shape checks to run: all, none, or a comma-separated list of claim-scale,
     /// dead-tuples, parked, perspectives, shapes, dead-letter, latency, rss.
-    #[arg(long, default_value = "all", value_delimiter = ',', value_name = "CHECKS")]
+    #[arg(
+        long,
+        default_value = "all",
+        value_delimiter = ',',
+        value_name = "CHECKS"
+    )]
     pub checks: Vec<String>,
     /// Rows of the large backlog of the claim-scale check.
     #[arg(long, default_value_t = 5_000_000, value_parser = clap::value_parser!(u64).range(10_000..))]
@@ -113,7 +118,9 @@ pub async fn run_with(global: &GlobalArgs, args: BenchArgs, progress: Progress) 
         }
     };
     if cfg!(debug_assertions) {
-        eprintln!("vantage bench: this is a debug build; its figures mean little (build with --release)");
+        eprintln!(
+            "vantage bench: this is a debug build; its figures mean little (build with --release)"
+        );
     }
     let settings = match global.load_settings() {
         Ok(s) => s,
@@ -177,7 +184,9 @@ async fn start_throwaway() -> Result<ThrowawayPostgres, i32> {
     // Round trips are counted from pg_stat_statements, which must be preloaded.
     let preload = async {
         let store = Store::connect(&StoreOptions::for_url(server.url())).await?;
-        let result = BenchStore::new(store.clone()).preload_pg_stat_statements().await;
+        let result = BenchStore::new(store.clone())
+            .preload_pg_stat_statements()
+            .await;
         store.close().await;
         result
     }
@@ -198,7 +207,10 @@ async fn start_throwaway() -> Result<ThrowawayPostgres, i32> {
             };
             match restart {
                 Ok(server) => {
-                    eprintln!("ready on 127.0.0.1:{}; it is removed when the bench exits.", server.port());
+                    eprintln!(
+                        "ready on 127.0.0.1:{}; it is removed when the bench exits.",
+                        server.port()
+                    );
                     Ok(server)
                 }
                 Err(e) => {
@@ -209,7 +221,10 @@ async fn start_throwaway() -> Result<ThrowawayPostgres, i32> {
             }
         }
         Err(e) => {
-            eprintln!("(round trips will not be counted: {e}) ready on 127.0.0.1:{}.", server.port());
+            eprintln!(
+                "(round trips will not be counted: {e}) ready on 127.0.0.1:{}.",
+                server.port()
+            );
             Ok(server)
         }
     }

@@ -231,9 +231,10 @@ impl BenchStore {
     /// Creates `pg_stat_statements` in schema public if the server has it loaded; returns
     /// whether it can be read.
     pub async fn enable_statement_stats(&self) -> bool {
-        let created = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements SCHEMA public")
-            .execute(self.pool())
-            .await;
+        let created =
+            sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements SCHEMA public")
+                .execute(self.pool())
+                .await;
         if created.is_err() {
             return false;
         }
@@ -437,7 +438,7 @@ impl BenchStore {
         after_version: i32,
         count: i32,
     ) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar(
+        sqlx::query_scalar(
             "/* vantage-bench */ WITH ins AS (
                 INSERT INTO wh_event_store (event_id, stream_id, stream_version, event_type, event_data, created_at)
                 SELECT gen_random_uuid(), md5($1 || ':s:' || $2)::uuid, $3 + v, $5,
@@ -453,7 +454,7 @@ impl BenchStore {
         .bind(BENCH_EVENT_TYPE)
         .fetch_one(self.pool())
         .await
-        .map_err(map_db_error)?)
+        .map_err(map_db_error)
     }
 
     /// The highest global position so far (0 when empty).
@@ -568,6 +569,40 @@ impl BenchStore {
         .await
     }
 
+    /// `EXPLAIN (ANALYZE, BUFFERS)` of the get_stream_events call that follows a claim, on the
+    /// streams the claim returned (both rolled back).
+    pub async fn explain_fetch(
+        &self,
+        perspectives: &[String],
+        max_streams: i32,
+        batch_size: i32,
+    ) -> Result<String, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let holder = Uuid::new_v4();
+        let streams: Vec<Uuid> = sqlx::query_scalar(
+            "/* vantage-bench */ SELECT DISTINCT stream_id \
+             FROM claim_orphaned_perspective_events($1, 60, $2, $3, $4)",
+        )
+        .bind(holder)
+        .bind(max_streams)
+        .bind(batch_size)
+        .bind(perspectives)
+        .fetch_all(&mut *tx)
+        .await?;
+        let lines: Vec<String> = sqlx::query_scalar(
+            "/* vantage-bench */ EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) SELECT * \
+             FROM get_stream_events($1, $2, 60, $3, $4)",
+        )
+        .bind(holder)
+        .bind(&streams)
+        .bind(perspectives)
+        .bind(batch_size)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.rollback().await?;
+        Ok(format!("({} streams)\n{}", streams.len(), lines.join("\n")))
+    }
+
     /// `EXPLAIN (ANALYZE, BUFFERS)` of the limit's lease statement (rolled back).
     pub async fn explain_limit_lease(
         &self,
@@ -607,7 +642,9 @@ impl BenchStore {
 
     /// Opens a session that holds a snapshot (REPEATABLE READ, one read done) until the
     /// returned transaction is dropped: dead tuples newer than it cannot be pruned.
-    pub async fn hold_snapshot(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+    pub async fn hold_snapshot(
+        &self,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
         let mut tx = self.pool().begin().await?;
         sqlx::query("/* vantage-bench */ SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             .execute(&mut *tx)
