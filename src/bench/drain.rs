@@ -71,7 +71,7 @@ pub struct Daemons {
 
 /// Starts `--instances` daemons for `seed`, after reading the counters the run is measured from.
 pub async fn start(bench: &Bench, seed: &Seed) -> Result<Daemons, BenchError> {
-    bench.db.settle_stats().await;
+    bench.db.settle_stats(bench.config.settle).await;
     let before = bench.db.counters(bench.statement_stats).await?;
     let metrics_before = bench.metrics.read();
     measure::reset_peak_rss();
@@ -168,7 +168,7 @@ pub async fn watch(
         .unwrap_or(0);
     let counters_before = daemons.before;
     stop(daemons).await?;
-    bench.db.settle_stats().await;
+    bench.db.settle_stats(bench.config.settle).await;
     let after = bench.db.counters(bench.statement_stats).await?;
     let own = if bench.statement_stats { 2 } else { 1 };
     let check = bench.db.check_drain(&names).await?;

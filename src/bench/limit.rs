@@ -78,7 +78,7 @@ async fn run(
     options.application_name = "vantage bench limit".into();
     let clients =
         crate::store::bench::BenchStore::new(crate::store::Store::connect(&options).await?);
-    bench.db.settle_stats().await;
+    bench.db.settle_stats(bench.config.settle).await;
     let before = bench.db.counters(bench.statement_stats).await?;
     let bar = bench.progress.bar(what, expected);
     let done = Arc::new(AtomicU64::new(0));
@@ -124,7 +124,7 @@ async fn run(
     bar.finish_and_clear();
     let rows = done.load(Ordering::Relaxed);
     clients.store().close().await;
-    bench.db.settle_stats().await;
+    bench.db.settle_stats(bench.config.settle).await;
     let after = bench.db.counters(bench.statement_stats).await?;
     let own = if bench.statement_stats { 2 } else { 1 };
     let check = bench.db.check_drain(perspectives).await?;

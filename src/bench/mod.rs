@@ -56,6 +56,10 @@ pub struct BenchConfig {
     pub dead_tuples: u64,
     /// Give up on one drain after this long.
     pub drain_timeout: Duration,
+    /// How long to wait for sessions to flush their statistics before and after a run
+    /// (PostgreSQL ≥ 15 flushes at most once a second; shorter waits make the transaction
+    /// counts approximate, which only a smoke test wants).
+    pub settle: Duration,
 }
 
 impl Default for BenchConfig {
@@ -72,6 +76,7 @@ impl Default for BenchConfig {
             large_backlog: 5_000_000,
             dead_tuples: 1_000_000,
             drain_timeout: Duration::from_secs(600),
+            settle: Duration::from_millis(1_200),
         }
     }
 }

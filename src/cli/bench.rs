@@ -97,6 +97,7 @@ impl BenchArgs {
             large_backlog: self.large_backlog,
             dead_tuples: self.dead_tuples,
             drain_timeout: self.drain_timeout,
+            ..BenchConfig::default()
         })
     }
 }

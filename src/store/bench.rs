@@ -397,10 +397,10 @@ impl BenchStore {
         })
     }
 
-    /// Waits until every backend has flushed its pending statistics (PostgreSQL ≥ 15 reports
-    /// them at most once a second, and when a session goes idle).
-    pub async fn settle_stats(&self) {
-        tokio::time::sleep(Duration::from_millis(1_200)).await;
+    /// Waits `settle` for every backend to flush its pending statistics (PostgreSQL ≥ 15
+    /// reports them at most once a second, and when a session goes idle).
+    pub async fn settle_stats(&self, settle: Duration) {
+        tokio::time::sleep(settle).await;
     }
 
     /// Append → applied latency of the read model rows of `perspective` whose event was
