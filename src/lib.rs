@@ -14,6 +14,7 @@
 //! - [`config`]: settings, defaults < file < environment < flags;
 //! - [`throwaway`]: a disposable local PostgreSQL for the demo and the tests.
 
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod daemon;

@@ -3,6 +3,7 @@
 //! `main.rs` only parses and calls [`run()`]; every command returns its exit code.
 
 pub mod append;
+pub mod bench;
 pub mod config_cmd;
 pub mod demo;
 pub mod dlq;

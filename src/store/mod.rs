@@ -4,6 +4,7 @@
 //! them builds SQL. The schema (`database.schema`) is selected with the connection's
 //! `search_path` startup option, so the same statements serve any schema name.
 
+pub mod bench;
 mod claims;
 mod dead_letters;
 mod events;

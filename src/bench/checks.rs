@@ -1,0 +1,431 @@
+//! The scale and shape checks: each seeds its own state, measures, and reports one ratio (with
+//! the target of SPEC §7 when it has one).
+
+use std::time::Duration;
+
+use super::drain::{self, DrainRun};
+use super::limit;
+use super::measure::{percentiles, Percentiles};
+use super::seed::{self, Part, PerspectiveSpec, Seed};
+use super::{Bench, BenchError, Check};
+
+/// A target a ratio should meet.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Target {
+    /// The ratio should be at least this.
+    AtLeast(f64),
+    /// The ratio should be at most this.
+    AtMost(f64),
+}
+
+impl Target {
+    /// Whether `ratio` meets it.
+    pub fn holds(self, ratio: f64) -> bool {
+        match self {
+            Target::AtLeast(t) => ratio >= t,
+            Target::AtMost(t) => ratio <= t,
+        }
+    }
+
+    /// `≥ 0.80` / `≤ 1.50`.
+    pub fn describe(self) -> String {
+        match self {
+            Target::AtLeast(t) => format!(">= {t:.2}"),
+            Target::AtMost(t) => format!("<= {t:.2}"),
+        }
+    }
+}
+
+/// One ratio of a check.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ratio {
+    /// What is divided by what.
+    pub label: String,
+    /// The value.
+    pub value: f64,
+    /// The target, if SPEC §7 sets one.
+    pub target: Option<Target>,
+}
+
+/// What one check measured.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CheckOutcome {
+    /// The check's name.
+    pub name: String,
+    /// Lines of figures behind the ratios.
+    pub details: Vec<String>,
+    /// The ratios.
+    pub ratios: Vec<Ratio>,
+    /// Query plans worth keeping (title, EXPLAIN text).
+    pub plans: Vec<(String, String)>,
+}
+
+impl CheckOutcome {
+    fn new(check: Check) -> Self {
+        CheckOutcome {
+            name: check.name().into(),
+            ..Default::default()
+        }
+    }
+
+    fn ratio(&mut self, label: impl Into<String>, value: f64, target: Option<Target>) {
+        self.ratios.push(Ratio {
+            label: label.into(),
+            value,
+            target,
+        });
+    }
+
+    fn drain_line(&mut self, run: &DrainRun) {
+        self.details.push(format!(
+            "{}: {} rows in {:.2} s = {:.0} rows/s (apply p99 {:.2} ms, claim p99 {:.1} ms)",
+            run.what,
+            run.rows,
+            run.elapsed.as_secs_f64(),
+            run.rate(),
+            run.apply.p99_ms,
+            run.claim.p99_ms
+        ));
+    }
+}
+
+/// Runs one check; `main` is the main vantage drain of the run (the reference of some ratios).
+pub async fn run(bench: &Bench, check: Check, main: &DrainRun) -> Result<CheckOutcome, BenchError> {
+    match check {
+        Check::DeadLetter => dead_letter(bench).await,
+        Check::Parked => parked(bench).await,
+        Check::Perspectives => perspectives(bench, main).await,
+        Check::Shapes => shapes(bench, main).await,
+        Check::Latency => latency(bench).await,
+        Check::Rss => rss(bench, main).await,
+        Check::ClaimScale => claim_scale(bench).await,
+        Check::DeadTuples => dead_tuples(bench).await,
+    }
+}
+
+/// A tenth of the main run, at least 100 and at most 20 000 events.
+fn small_n(bench: &Bench) -> u64 {
+    (bench.config.events / 10).clamp(100, 20_000)
+}
+
+fn payload(bench: &Bench) -> u32 {
+    bench.config.payload_bytes
+}
+
+async fn dead_letter(bench: &Bench) -> Result<CheckOutcome, BenchError> {
+    let mut out = CheckOutcome::new(Check::DeadLetter);
+    let n = small_n(bench);
+    let streams = bench.config.streams.min(n).max(1);
+    let healthy = Seed::healthy(n, streams, 1, payload(bench));
+    seed::apply(bench, &healthy).await?;
+    let apply = drain::drain(bench, &healthy, "apply N healthy").await?;
+    out.drain_line(&apply);
+
+    let mut poison = healthy.clone();
+    poison.perspectives[0].exhausted = true;
+    seed::apply(bench, &poison).await?;
+    let dlq = drain::drain(bench, &poison, "dead-letter N poison").await?;
+    out.drain_line(&dlq);
+    out.details.push(format!(
+        "dead-lettered {} of {} rows",
+        dlq.dead_lettered, dlq.rows
+    ));
+    out.ratio(
+        "dead-letter time / apply time",
+        dlq.elapsed.as_secs_f64() / apply.elapsed.as_secs_f64().max(1e-9),
+        Some(Target::AtMost(2.0)),
+    );
+    Ok(out)
+}
+
+async fn parked(bench: &Bench) -> Result<CheckOutcome, BenchError> {
+    let mut out = CheckOutcome::new(Check::Parked);
+    let n = small_n(bench);
+    let streams = (bench.config.streams / 10).clamp(1, n);
+    let solo = Seed::healthy(n, streams, 1, payload(bench));
+    seed::apply(bench, &solo).await?;
+    let alone = drain::drain(bench, &solo, "healthy alone").await?;
+    out.drain_line(&alone);
+
+    let mut beside = solo.clone();
+    beside.perspectives.push(PerspectiveSpec {
+        name: "bench_parked".into(),
+        event_type: "Parked".into(),
+        parked: true,
+        exhausted: false,
+    });
+    beside.parts.push(Part {
+        salt: "parked".into(),
+        streams: 2_000,
+        per_stream: 1,
+        event_type: "Parked".into(),
+    });
+    seed::apply(bench, &beside).await?;
+    let with = drain::drain(bench, &beside, "healthy beside 2000 parked").await?;
+    out.drain_line(&with);
+    out.ratio(
+        "healthy beside 2 000 parked lanes / alone (rows/s)",
+        with.rate() / alone.rate().max(1e-9),
+        Some(Target::AtLeast(0.8)),
+    );
+    Ok(out)
+}
+
+async fn perspectives(bench: &Bench, main: &DrainRun) -> Result<CheckOutcome, BenchError> {
+    let mut out = CheckOutcome::new(Check::Perspectives);
+    let events = (bench.config.events / 50).max(100);
+    let streams = (bench.config.streams / 10).clamp(1, events);
+    let fifty = Seed::healthy(events, streams, 50, payload(bench));
+    seed::apply(bench, &fifty).await?;
+    let run = drain::drain(bench, &fifty, "50 perspectives").await?;
+    out.drain_line(&run);
+    out.ratio(
+        "50 perspectives / main drain (rows/s)",
+        run.rate() / main.rate().max(1e-9),
+        None,
+    );
+    Ok(out)
+}
+
+async fn shapes(bench: &Bench, main: &DrainRun) -> Result<CheckOutcome, BenchError> {
+    let mut out = CheckOutcome::new(Check::Shapes);
+    let n = bench.config.events;
+    let few = Seed::healthy(n, 200.min(n), 1, payload(bench));
+    seed::apply(bench, &few).await?;
+    let long = drain::drain(bench, &few, "200 long streams").await?;
+    out.drain_line(&long);
+    seed::apply(bench, &few).await?;
+    let limit = limit::crash_safe(bench, &few.perspective_names(), few.rows()).await?;
+    out.details.push(format!(
+        "{} at 200 streams: {} rows in {:.2} s = {:.0} rows/s",
+        limit.what,
+        limit.rows,
+        limit.elapsed.as_secs_f64(),
+        limit.rate()
+    ));
+    out.ratio(
+        "drain/limit at 200 streams",
+        long.rate() / limit.rate().max(1e-9),
+        Some(Target::AtLeast(0.8)),
+    );
+    out.ratio(
+        "200 streams / main drain (rows/s)",
+        long.rate() / main.rate().max(1e-9),
+        None,
+    );
+
+    let many = Seed::healthy(n, n, 1, payload(bench));
+    seed::apply(bench, &many).await?;
+    let short = drain::drain(bench, &many, "one-event streams").await?;
+    out.drain_line(&short);
+    out.ratio(
+        format!("{n} streams of 1 event / main drain (rows/s)"),
+        short.rate() / main.rate().max(1e-9),
+        None,
+    );
+    Ok(out)
+}
+
+async fn latency(bench: &Bench) -> Result<CheckOutcome, BenchError> {
+    const RATE: u64 = 1_000;
+    const TICK: Duration = Duration::from_millis(10);
+    const SECONDS: u64 = 10;
+    const STREAMS: i64 = 100;
+    let mut out = CheckOutcome::new(Check::Latency);
+    let empty = Seed {
+        parts: Vec::new(),
+        ..Seed::healthy(1, 1, 1, payload(bench))
+    };
+    seed::apply(bench, &empty).await?;
+    let per_tick = (RATE * TICK.as_millis() as u64 / 1_000) as i32;
+    let ticks = SECONDS * 1_000 / TICK.as_millis() as u64;
+    let expected = ticks * per_tick as u64;
+    let daemons = drain::start(bench, &empty).await?;
+    let db = bench.db.clone();
+    let producer = tokio::spawn(async move {
+        let mut interval = tokio::time::interval(TICK);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut versions = vec![0i32; STREAMS as usize];
+        for t in 0..ticks {
+            interval.tick().await;
+            let s = (t % STREAMS as u64) as usize;
+            db.append_ticks("steady", s as i64, versions[s], per_tick)
+                .await?;
+            versions[s] += per_tick;
+        }
+        Ok::<_, BenchError>(expected)
+    });
+    let run = drain::watch(
+        bench,
+        &empty,
+        "steady 1000 events/s",
+        expected,
+        daemons,
+        Some(producer),
+    )
+    .await?;
+    let lat = bench.db.apply_latency("bench_0", 0).await?;
+    out.details.push(format!(
+        "{} events appended at {RATE}/s for {SECONDS} s over {STREAMS} streams; append -> applied p50 {:.1} ms, p99 {:.1} ms",
+        lat.count, lat.p50, lat.p99
+    ));
+    out.details.push(format!(
+        "apply p50/p99 {:.2}/{:.2} ms, claim p50/p99 {:.2}/{:.2} ms",
+        run.apply.p50_ms, run.apply.p99_ms, run.claim.p50_ms, run.claim.p99_ms
+    ));
+    out.ratio(
+        "append -> applied p99 / 100 ms",
+        lat.p99 / 100.0,
+        Some(Target::AtMost(1.0)),
+    );
+    Ok(out)
+}
+
+async fn rss(bench: &Bench, main: &DrainRun) -> Result<CheckOutcome, BenchError> {
+    let mut out = CheckOutcome::new(Check::Rss);
+    let max_entries = bench.base_settings.cooldown.max_entries;
+    let run = if main.cooldown_entries as u64 * 10 >= max_entries as u64 * 9 {
+        main.clone()
+    } else {
+        let n = (max_entries as u64 * 11 / 10).max(1);
+        let seed = Seed::healthy(n, bench.config.streams.min(n), 1, payload(bench));
+        seed::apply(bench, &seed).await?;
+        let run = drain::drain(bench, &seed, "fill the cooldown cache").await?;
+        out.drain_line(&run);
+        run
+    };
+    out.details.push(format!(
+        "cooldown cache {} of {} entries; RSS {:.1} MiB at the end, peak {:.1} MiB (the whole bench process: daemon and harness)",
+        run.cooldown_entries,
+        max_entries,
+        run.rss_kib as f64 / 1024.0,
+        run.peak_rss_kib as f64 / 1024.0
+    ));
+    out.ratio(
+        "peak RSS / 64 MiB",
+        run.peak_rss_kib as f64 / 1024.0 / 64.0,
+        Some(Target::AtMost(1.0)),
+    );
+    Ok(out)
+}
+
+const LANE: u64 = 100;
+const SAMPLES: usize = 40;
+
+async fn claim_samples(bench: &Bench, names: &[String]) -> Result<Percentiles, BenchError> {
+    let max_streams = bench.base_settings.worker.max_streams_per_claim as i32;
+    let batch = bench.config.batch_size as i32;
+    // One warm-up claim, then the samples.
+    bench.db.timed_claim(names, max_streams, batch).await?;
+    let mut samples = Vec::with_capacity(SAMPLES);
+    for _ in 0..SAMPLES {
+        let (_, took) = bench.db.timed_claim(names, max_streams, batch).await?;
+        samples.push(took);
+    }
+    Ok(percentiles(&mut samples))
+}
+
+async fn plans(
+    bench: &Bench,
+    out: &mut CheckOutcome,
+    names: &[String],
+    at: &str,
+) -> Result<(), BenchError> {
+    let max_streams = bench.base_settings.worker.max_streams_per_claim as i32;
+    let batch = bench.config.batch_size as i32;
+    let claim = bench.db.explain_claim(names, max_streams, batch).await?;
+    out.plans
+        .push((format!("claim_orphaned_perspective_events, {at}"), claim));
+    let fetch = bench.db.explain_fetch(names, max_streams, batch).await?;
+    out.plans
+        .push((format!("get_stream_events after that claim, {at}"), fetch));
+    let lease = bench.db.explain_limit_lease(names, batch).await?;
+    out.plans
+        .push((format!("the limit's lease statement, {at}"), lease));
+    Ok(())
+}
+
+async fn claim_scale(bench: &Bench) -> Result<CheckOutcome, BenchError> {
+    let mut out = CheckOutcome::new(Check::ClaimScale);
+    let small_rows = 10_000;
+    let small = Seed::healthy(small_rows, small_rows / LANE, 1, payload(bench));
+    let names = small.perspective_names();
+    seed::apply(bench, &small).await?;
+    let at_small = claim_samples(bench, &names).await?;
+    plans(bench, &mut out, &names, "10 000-row backlog").await?;
+
+    let large_rows = bench.config.large_backlog.max(small_rows);
+    let large = Seed::healthy(large_rows, large_rows / LANE, 1, payload(bench));
+    let started = std::time::Instant::now();
+    seed::apply(bench, &large).await?;
+    out.details.push(format!(
+        "seeded {large_rows} rows in {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+    let at_large = claim_samples(bench, &names).await?;
+    plans(
+        bench,
+        &mut out,
+        &names,
+        &format!("{large_rows}-row backlog"),
+    )
+    .await?;
+    out.details.push(format!(
+        "claim round (claim_orphaned + get_stream_events, {SAMPLES} samples) p50/p99: {:.2}/{:.2} ms at {small_rows} rows, {:.2}/{:.2} ms at {large_rows} rows",
+        at_small.p50_ms, at_small.p99_ms, at_large.p50_ms, at_large.p99_ms
+    ));
+    out.ratio(
+        format!("claim p50 at {large_rows} / at {small_rows} rows"),
+        at_large.p50_ms / at_small.p50_ms.max(1e-9),
+        Some(Target::AtMost(1.5)),
+    );
+    Ok(out)
+}
+
+async fn dead_tuples(bench: &Bench) -> Result<CheckOutcome, BenchError> {
+    let mut out = CheckOutcome::new(Check::DeadTuples);
+    let small_rows = 10_000;
+    let small = Seed::healthy(small_rows, small_rows / LANE, 1, payload(bench));
+    let names = small.perspective_names();
+    seed::apply(bench, &small).await?;
+    let clean = claim_samples(bench, &names).await?;
+
+    let dead = bench.config.dead_tuples;
+    let last_live = bench.db.max_position().await?;
+    let snapshot = bench.db.hold_snapshot().await?;
+    let result = async {
+        bench
+            .db
+            .seed(
+                "dead",
+                (dead / LANE).max(1) as i64,
+                LANE as i64,
+                crate::store::bench::BENCH_EVENT_TYPE,
+                payload(bench) as i32,
+            )
+            .await?;
+        let deleted = bench.db.delete_work_after(last_live).await?;
+        let held = claim_samples(bench, &names).await?;
+        plans(
+            bench,
+            &mut out,
+            &names,
+            &format!("10 000 live rows, {deleted} unprunable dead tuples"),
+        )
+        .await?;
+        Ok::<_, BenchError>((deleted, held))
+    }
+    .await;
+    let _ = snapshot.rollback().await;
+    let (deleted, held) = result?;
+    out.details.push(format!(
+        "claim round p50/p99: {:.2}/{:.2} ms clean, {:.2}/{:.2} ms with {deleted} dead tuples behind an open snapshot",
+        clean.p50_ms, clean.p99_ms, held.p50_ms, held.p99_ms
+    ));
+    out.ratio(
+        "claim p50 with unprunable dead tuples / clean",
+        held.p50_ms / clean.p50_ms.max(1e-9),
+        Some(Target::AtMost(3.0)),
+    );
+    Ok(out)
+}
