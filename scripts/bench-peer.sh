@@ -30,7 +30,7 @@ main_target=${CARGO_TARGET_DIR:-$root/target}
 peer_target=${PEER_TARGET_DIR:-$root/bench/apalis-peer/target}
 
 echo "building vantage bench and the apalis peer (release)..." >&2
-cargo build --release --example bench >&2
+cargo build --release --bin vantage >&2
 CARGO_TARGET_DIR=$peer_target cargo build --release --manifest-path bench/apalis-peer/Cargo.toml >&2
 
 cleanup() { :; }
@@ -55,7 +55,7 @@ fi
 trap cleanup EXIT
 
 common=(--events "$events" --streams "$streams")
-vantage_out=$("$main_target/release/examples/bench" "${common[@]}" --consumers "$consumers" \
+vantage_out=$("$main_target/release/vantage" bench "${common[@]}" --consumers "$consumers" \
     --batch-size "$batch" --payload-bytes "$payload" --checks none)
 echo "$vantage_out" >&2
 apalis_out=$("$peer_target/release/apalis-peer" "${common[@]}" --concurrency "$consumers" \

@@ -77,6 +77,8 @@ pub enum Command {
     /// Configuration.
     #[command(subcommand)]
     Config(config_cmd::ConfigCommand),
+    /// Measure the drain against the physical limit of the same effects, in one run (build with --release).
+    Bench(bench::BenchArgs),
 }
 
 /// Reports a command line clap could not parse. Under `--json` the error is the usual envelope
@@ -123,5 +125,6 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Perspectives(cmd) => perspectives::run(&cli.global, cmd).await,
         Command::Dlq(cmd) => dlq::run(&cli.global, cmd).await,
         Command::Config(cmd) => config_cmd::run(&cli.global, cmd).await,
+        Command::Bench(args) => bench::run(&cli.global, args).await,
     }
 }
