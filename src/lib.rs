@@ -15,6 +15,7 @@
 //! - [`throwaway`]: a disposable local PostgreSQL for the demo and the tests.
 
 pub mod cli;
+pub mod console;
 pub mod config;
 pub mod daemon;
 pub mod perspective;

@@ -4,6 +4,7 @@
 
 pub mod append;
 pub mod config_cmd;
+pub mod console;
 pub mod demo;
 pub mod dlq;
 pub mod exit;
