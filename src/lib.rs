@@ -15,8 +15,8 @@
 //! - [`throwaway`]: a disposable local PostgreSQL for the demo and the tests.
 
 pub mod cli;
-pub mod console;
 pub mod config;
+pub mod console;
 pub mod daemon;
 pub mod perspective;
 pub mod pipeline;

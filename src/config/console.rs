@@ -74,10 +74,7 @@ pub struct ConsoleSettings {
     #[serde(deserialize_with = "values::boolean")]
     pub read_only: bool,
     /// `auth_token` (secret): requests must carry `Authorization: Bearer <token>`.
-    #[serde(
-        deserialize_with = "token",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(deserialize_with = "token", skip_serializing_if = "Option::is_none")]
     pub auth_token: Option<Secret>,
     /// `basic_user`: with `basic_password`, HTTP basic credentials.
     #[serde(
@@ -86,10 +83,7 @@ pub struct ConsoleSettings {
     )]
     pub basic_user: Option<String>,
     /// `basic_password` (secret).
-    #[serde(
-        deserialize_with = "password",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(deserialize_with = "password", skip_serializing_if = "Option::is_none")]
     pub basic_password: Option<Secret>,
 }
 
@@ -173,4 +167,109 @@ pub(super) fn validate(c: &ConsoleSettings, w: &Written) -> Result<(), ConfigErr
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::super::{LoadOptions, Settings};
+    use super::*;
+
+    fn load(vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let env: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vantage.toml");
+        std::fs::write(&path, "").unwrap();
+        Settings::load_with_env(
+            &LoadOptions {
+                config_path: Some(path),
+                ..LoadOptions::default()
+            },
+            &env,
+        )
+    }
+
+    #[test]
+    fn defaults_are_as_specified() {
+        let c = Settings::from_toml_str("").unwrap().console;
+        assert_eq!(c.listen, "127.0.0.1:9465".parse().unwrap());
+        assert!(!c.read_only);
+        assert!(c.auth_token.is_none() && c.basic_user.is_none() && c.basic_password.is_none());
+        assert!(!c.authentication_configured());
+    }
+
+    #[test]
+    fn every_key_is_settable_from_the_environment() {
+        let s = load(&[
+            ("VANTAGE__CONSOLE__LISTEN", "0.0.0.0:8080"),
+            ("VANTAGE__CONSOLE__READ_ONLY", "true"),
+            ("VANTAGE__CONSOLE__AUTH_TOKEN", "t0k"),
+            ("VANTAGE__CONSOLE__BASIC_USER", "ops"),
+            ("VANTAGE__CONSOLE__BASIC_PASSWORD", "pw"),
+        ])
+        .unwrap();
+        let c = s.console;
+        assert_eq!(c.listen, "0.0.0.0:8080".parse().unwrap());
+        assert!(c.read_only);
+        assert_eq!(c.auth_token.unwrap().expose(), "t0k");
+        assert_eq!(c.basic_user.as_deref(), Some("ops"));
+        assert_eq!(c.basic_password.unwrap().expose(), "pw");
+    }
+
+    #[test]
+    fn loopback_needs_no_credentials_and_anything_else_does() {
+        for listen in ["127.0.0.1:1", "127.8.9.1:1", "[::1]:1"] {
+            assert!(
+                load(&[("VANTAGE__CONSOLE__LISTEN", listen)]).is_ok(),
+                "{listen}"
+            );
+        }
+        for listen in [
+            "0.0.0.0:1",
+            "[::]:1",
+            "192.168.1.2:9465",
+            "[::ffff:127.0.0.1]:1",
+        ] {
+            let e = load(&[("VANTAGE__CONSOLE__LISTEN", listen)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(&format!(
+                    "invalid configuration: console.listen = \"{listen}\" (from VANTAGE__CONSOLE__LISTEN): expected a loopback address"
+                )),
+                "{e}"
+            );
+            assert_eq!(ConfigError::EXIT_CODE, 78);
+        }
+        assert!(load(&[
+            ("VANTAGE__CONSOLE__LISTEN", "0.0.0.0:1"),
+            ("VANTAGE__CONSOLE__BASIC_USER", "ops"),
+            ("VANTAGE__CONSOLE__BASIC_PASSWORD", "pw"),
+        ])
+        .is_ok());
+    }
+
+    #[test]
+    fn secrets_are_never_shown() {
+        let e = Settings::from_toml_str("[console]\nauth_token = 12345678")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("12345678"), "{e}");
+        assert!(e.contains("console.auth_token = ***: expected"), "{e}");
+        let e = Settings::from_toml_str("[console]\nbasic_password = \"a\\u0007b\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("console.basic_password = ***: expected"), "{e}");
+        let e = Settings::from_toml_str("[console]\nbasic_user = \"a:b\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("console.basic_user = \"a:b\": expected"), "{e}");
+        let s = Secret::new("hunter2");
+        assert_eq!(format!("{s} {s:?}"), "*** Secret(***)");
+        assert_eq!(serde_json::to_string(&s).unwrap(), "\"***\"");
+    }
 }

@@ -106,7 +106,11 @@ fn split_once(bytes: &[u8], at: u8) -> Option<(&[u8], &[u8])> {
 }
 
 /// The middleware: 401 with the challenges unless the request carries valid credentials.
-pub async fn require(State(state): State<ConsoleState>, mut request: Request, next: Next) -> Response {
+pub async fn require(
+    State(state): State<ConsoleState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let credentials = &state.inner.credentials;
     let given = request
         .headers()

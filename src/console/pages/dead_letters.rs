@@ -16,9 +16,7 @@ use uuid::Uuid;
 use crate::console::error::PageError;
 use crate::console::view::{self, Choice, DeadLetterRow, DeadLettersPage, FilterForm};
 use crate::console::{ConsoleState, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, STATEMENT_TIMEOUT};
-use crate::store::{
-    DeadLetterCursor, DeadLetterFilter, FAILURE_MAX_ATTEMPTS, FAILURE_PERMANENT,
-};
+use crate::store::{DeadLetterCursor, DeadLetterFilter, FAILURE_MAX_ATTEMPTS, FAILURE_PERMANENT};
 
 /// The statuses one can filter by, the open one first.
 const STATUSES: &[&str] = &["exhausted", "resolved", "requeued", "purged", "any"];
@@ -50,7 +48,12 @@ pub fn parse_time(name: &str, text: &str) -> Result<DateTime<Utc>, PageError> {
     if let Ok(t) = DateTime::parse_from_rfc3339(text) {
         return Ok(t.with_timezone(&Utc));
     }
-    for format in ["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M"] {
+    for format in [
+        "%Y-%m-%dT%H:%M:%S",
+        "%Y-%m-%dT%H:%M",
+        "%Y-%m-%d %H:%M:%S",
+        "%Y-%m-%d %H:%M",
+    ] {
         if let Ok(t) = NaiveDateTime::parse_from_str(text, format) {
             return Ok(t.and_utc());
         }
@@ -165,8 +168,10 @@ pub async fn show(
         ])
     };
 
-    let mut perspective_names: Vec<&str> =
-        registered.iter().map(|p| p.perspective_name.as_str()).collect();
+    let mut perspective_names: Vec<&str> = registered
+        .iter()
+        .map(|p| p.perspective_name.as_str())
+        .collect();
     if !perspective.is_empty() && !perspective_names.contains(&perspective.as_str()) {
         perspective_names.push(&perspective);
     }
@@ -174,7 +179,11 @@ pub async fn show(
     if !reason.is_empty() && !reasons.contains(&reason.as_str()) {
         reasons.push(&reason);
     }
-    let current_status = if status.is_empty() { "exhausted" } else { status.as_str() };
+    let current_status = if status.is_empty() {
+        "exhausted"
+    } else {
+        status.as_str()
+    };
 
     let body = DeadLettersPage {
         read_only: state.read_only(),

@@ -75,9 +75,10 @@ pub async fn show(
             attempts: dl.attempts_when_dlq,
             failures: dl.failures_when_dlq,
             at: view::at(&dl.dead_lettered_at),
-            by: dl
-                .dead_lettered_by
-                .map_or_else(|| "(no instance recorded)".to_owned(), |i| format!("instance {i}")),
+            by: dl.dead_lettered_by.map_or_else(
+                || "(no instance recorded)".to_owned(),
+                |i| format!("instance {i}"),
+            ),
             status: dl.status,
             status_changed_at: view::at(&dl.status_changed_at),
             perspective: dl.perspective_name,
