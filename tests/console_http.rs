@@ -411,6 +411,41 @@ async fn a_cross_site_post_is_refused_with_403() {
 }
 
 #[tokio::test]
+async fn an_open_console_answers_only_to_loopback_host_names() {
+    let env = Env::new().await;
+    let console = open_console(&env);
+    let with_host = |host: &str| {
+        Request::get("/")
+            .header(header::HOST, host)
+            .body(Body::empty())
+            .unwrap()
+    };
+    for host in ["127.0.0.1:9465", "localhost:9465", "[::1]:9465"] {
+        let (response, body) = send(&console, with_host(host)).await;
+        assert_eq!(response.status(), StatusCode::OK, "{host}: {body}");
+    }
+    // A name rebound to 127.0.0.1 by its owner's DNS (DNS rebinding).
+    let (response, body) = send(&console, with_host("rebound.evil.example:9465")).await;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN, "{body}");
+    assert!(body.contains("Unknown host name"), "{body}");
+    assert_secure(&response, "a foreign host");
+    // With credentials, any name may be used (the console may sit behind a proxy).
+    let guarded = console_with(
+        &env,
+        &ConsoleSettings {
+            auth_token: Some(Secret::new("tok")),
+            ..ConsoleSettings::default()
+        },
+    );
+    let mut request = with_host("console.example.org");
+    request
+        .headers_mut()
+        .insert(header::AUTHORIZATION, "Bearer tok".parse().unwrap());
+    let (response, _) = send(&guarded, request).await;
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+#[tokio::test]
 async fn credentials_are_required_when_configured() {
     let env = with_dead_letters().await;
     const TOKEN: &str = "tok-3f9a-not-for-pages";

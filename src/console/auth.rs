@@ -2,7 +2,8 @@
 //! (`console.basic_user`, `console.basic_password`), compared in constant time (`subtle`).
 //!
 //! With neither configured the console is open: configuration only allows that on a loopback
-//! address. With either, a request without valid credentials gets 401 and a
+//! address, and it answers only requests whose `Host` is a loopback name
+//! ([`security::loopback_host`](super::security::loopback_host)), against DNS rebinding. With either, a request without valid credentials gets 401 and a
 //! `WWW-Authenticate` challenge for each configured scheme (basic first, so a browser asks
 //! for a user and password). The secrets are never logged, echoed or put in a page.
 //!
@@ -112,6 +113,23 @@ pub async fn require(
     next: Next,
 ) -> Response {
     let credentials = &state.inner.credentials;
+    if !credentials.required() {
+        let host = request
+            .headers()
+            .get(header::HOST)
+            .map(HeaderValue::as_bytes);
+        if host.is_some_and(|h| !super::security::loopback_host(h)) {
+            return (
+                StatusCode::FORBIDDEN,
+                super::error::page(
+                    StatusCode::FORBIDDEN,
+                    "Unknown host name",
+                    "Without credentials configured this console answers only to localhost, 127.0.0.1 or [::1] (another name pointing here could be a DNS rebinding attack). Open it by one of those, or configure console.auth_token.",
+                ),
+            )
+                .into_response();
+        }
+    }
     let given = request
         .headers()
         .get(header::AUTHORIZATION)

@@ -50,6 +50,27 @@ pub fn headers(router: Router) -> Router {
     router
 }
 
+/// Whether a `Host` header names this machine by a loopback name: `localhost`, `127.x.x.x` or
+/// `[::1]`, with or without a port. An open console (no credentials configured, so on a
+/// loopback address) answers only to these, so a page whose DNS name was rebound to 127.0.0.1
+/// cannot read it from the victim's browser (DNS rebinding).
+pub fn loopback_host(host: &[u8]) -> bool {
+    let Ok(host) = std::str::from_utf8(host) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((ip, rest)) if rest.is_empty() || rest.starts_with(':') => ip,
+            _ => return false,
+        },
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// Why a request is cross-site, if it is.
 pub fn cross_site(method: &Method, headers: &axum::http::HeaderMap) -> Option<&'static str> {
     if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
@@ -106,6 +127,29 @@ mod tests {
             m.insert(*k, HeaderValue::from_static(v));
         }
         m
+    }
+
+    #[test]
+    fn loopback_hosts() {
+        for ok in [
+            "localhost",
+            "localhost:9465",
+            "127.0.0.1:9465",
+            "127.1.2.3",
+            "[::1]:9465",
+            "[::1]",
+        ] {
+            assert!(loopback_host(ok.as_bytes()), "{ok}");
+        }
+        for bad in [
+            "evil.example:9465",
+            "localhost.evil.example",
+            "10.0.0.1:9465",
+            "[::2]:1",
+            "[::1]x",
+        ] {
+            assert!(!loopback_host(bad.as_bytes()), "{bad}");
+        }
     }
 
     #[test]
