@@ -150,6 +150,10 @@ async fn dead_letter_list_filters_counts_and_links_to_details() {
 
     let all = ok(get(&console, "/dead-letters").await);
     assert!(all.contains("4 matching dead letter(s)."), "{all}");
+    assert!(
+        !all.contains("name=\"limit\""),
+        "the default page size is not repeated: {all}"
+    );
     assert_eq!(positions(&all, "audit"), vec![4, 1]);
     assert!(
         all.contains("href=\"/dead-letters/2/order_summary\""),
@@ -216,6 +220,8 @@ async fn dead_letter_pages_are_walked_by_keyset_keeping_the_filter() {
         let body = ok(get(&console, &uri).await);
         pages += 1;
         assert!(body.contains("4 matching dead letter(s)."), "{body}");
+        // The filter form keeps the page size.
+        assert!(body.contains("name=\"limit\" value=\"2\""), "{body}");
         seen.extend(positions(&body, ""));
         match next_link(&body) {
             Some(next) => {

@@ -159,7 +159,8 @@ pub struct DeadLettersPage {
     pub reason_options: Vec<Choice>,
     pub status_options: Vec<Choice>,
     pub form: FilterForm,
-    pub limit: u32,
+    /// `limit` as the form passes it on: empty for the default.
+    pub limit_param: String,
     pub count: Option<i64>,
     pub timeout: u64,
     pub is_continuation: bool,

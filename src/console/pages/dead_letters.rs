@@ -190,7 +190,7 @@ pub async fn show(
         perspective_options: Choice::list(perspective_names, &perspective),
         reason_options: Choice::list(reasons, &reason),
         status_options: Choice::list(STATUSES.iter().copied(), current_status),
-        limit,
+        limit_param: limit_text.clone(),
         count,
         timeout: STATEMENT_TIMEOUT.as_secs(),
         is_continuation: after.is_some(),
