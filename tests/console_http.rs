@@ -646,6 +646,17 @@ async fn a_non_loopback_listen_without_authentication_is_refused_with_78() {
     .await;
     assert_eq!(code, 78);
 
+    // An address that cannot be bound is 78 too, before the database is touched.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let code = vantage::cli::console::run(
+        &global,
+        vantage::cli::console::ConsoleArgs {
+            listen: Some(taken.local_addr().unwrap().to_string()),
+        },
+    )
+    .await;
+    assert_eq!(code, 78);
+
     // With credentials it is accepted, from the file or the environment.
     let mut check = base_command();
     check

@@ -38,6 +38,15 @@ pub async fn run(global: &GlobalArgs, args: ConsoleArgs) -> i32 {
             return exit::CONFIG;
         }
     };
+    // Bound first: an address in use or not ours fails at once, before any connection.
+    let listen = settings.console.listen;
+    let (listener, local) = match console::bind(listen).await {
+        Ok(bound) => bound,
+        Err(e) => {
+            eprintln!("vantage: cannot listen on console.listen = {listen}: {e}");
+            return exit::CONFIG;
+        }
+    };
     if let Err(e) = crate::telemetry::logging::init(&settings.log) {
         eprintln!("vantage: {e}");
         return exit::CONFIG;
@@ -49,19 +58,16 @@ pub async fn run(global: &GlobalArgs, args: ConsoleArgs) -> i32 {
             return exit::FAILURE;
         }
     };
-    let store = match output::connect(&settings).await {
+    // A stop while still connecting is a clean exit, not a wait for the connect timeout.
+    let connected = tokio::select! {
+        connected = output::connect(&settings) => connected,
+        () = stop.cancelled() => return exit::OK,
+    };
+    let store = match connected {
         Ok(store) => store.with_statement_timeout(console::STATEMENT_TIMEOUT),
         Err(Failure { message, code, .. }) => {
             eprintln!("{message}");
             return code;
-        }
-    };
-    let listen = settings.console.listen;
-    let (listener, local) = match console::bind(listen).await {
-        Ok(bound) => bound,
-        Err(e) => {
-            eprintln!("vantage: cannot listen on console.listen = {listen}: {e}");
-            return exit::CONFIG;
         }
     };
     let state = ConsoleState::new(store.clone(), &settings.console);
