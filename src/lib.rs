@@ -17,6 +17,7 @@
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod console;
 pub mod daemon;
 pub mod perspective;
 pub mod pipeline;

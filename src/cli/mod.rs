@@ -5,6 +5,7 @@
 pub mod append;
 pub mod bench;
 pub mod config_cmd;
+pub mod console;
 pub mod demo;
 pub mod dlq;
 pub mod exit;
@@ -79,6 +80,8 @@ pub enum Command {
     Config(config_cmd::ConfigCommand),
     /// Measure the drain against the physical limit of the same effects, in one run (build with --release).
     Bench(bench::BenchArgs),
+    /// The operator console in a browser: overview, dead letters, detail (SPEC §4.4).
+    Console(console::ConsoleArgs),
 }
 
 /// Reports a command line clap could not parse. Under `--json` the error is the usual envelope
@@ -126,5 +129,6 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Dlq(cmd) => dlq::run(&cli.global, cmd).await,
         Command::Config(cmd) => config_cmd::run(&cli.global, cmd).await,
         Command::Bench(args) => bench::run(&cli.global, args).await,
+        Command::Console(args) => console::run(&cli.global, args).await,
     }
 }

@@ -10,6 +10,7 @@ use config::{Map, Source, Value, ValueKind};
 use serde::de::{self, Deserialize, Deserializer};
 use toml::de::{DeTable, DeValue};
 
+use super::console::ConsoleSettings;
 use super::database::PG_VARS;
 use super::error::ConfigError;
 use super::redact::scrub_secrets;
@@ -125,13 +126,14 @@ fn environment_layer(env: &HashMap<String, String>) -> Result<Map<String, Value>
 
 /// The sections environment variables and overrides can set, with their keys (serde's own
 /// field lists, so they cannot drift from the structs).
-fn settable() -> [(&'static str, &'static [&'static str]); 6] {
+fn settable() -> [(&'static str, &'static [&'static str]); 7] {
     [
         ("database", fields::<DatabaseSettings>()),
         ("worker", fields::<WorkerSettings>()),
         ("cooldown", fields::<CooldownSettings>()),
         ("orphans", fields::<OrphanSettings>()),
         ("http", fields::<HttpSettings>()),
+        ("console", fields::<ConsoleSettings>()),
         ("log", fields::<LogSettings>()),
     ]
 }

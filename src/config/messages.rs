@@ -173,6 +173,9 @@ fn layer_of(v: &Value) -> Option<String> {
 /// How a bad value is shown in an error: strings quoted, the database URL redacted, and
 /// anything URL-like scrubbed in case a secret was pasted under the wrong key.
 pub(super) fn render(key: &str, v: &Value) -> String {
+    if super::console::SECRET_KEYS.contains(&key) {
+        return super::console::REDACTED.to_owned();
+    }
     match &v.kind {
         ValueKind::String(s) if key == "database.url" => {
             quote(&DatabaseUrl::new(s.as_str()).redacted())

@@ -30,10 +30,12 @@
 //! [`DatabaseUrl::expose`]: `Debug`, `Display`, `Serialize`, [`Settings::redacted_toml`] and
 //! every [`ConfigError`] redact it.
 //!
-//! The files: [`sections`] (the serde structs and their defaults), `values` (the parser of each
+//! The files: [`sections`] (the serde structs and their defaults), `console` (the `[console]`
+//! section, its secrets and its rule), `values` (the parser of each
 //! key), `layers` (reading and merging), `validate` (rules across keys), `messages` (what a
 //! failure says), `database` (the URL and `PG*` as the client reads them), `redact`, `error`.
 
+mod console;
 mod database;
 mod error;
 mod layers;
@@ -50,6 +52,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use console::{ConsoleSettings, Secret};
 pub use database::{connect_options as pg_connect_options, url_password, UrlProblem};
 pub use error::ConfigError;
 pub use redact::DatabaseUrl;

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::console::ConsoleSettings;
 use super::redact::DatabaseUrl;
 use super::values;
 
@@ -29,6 +30,8 @@ pub struct Settings {
     pub orphans: OrphanSettings,
     /// `[http]`
     pub http: HttpSettings,
+    /// `[console]`
+    pub console: ConsoleSettings,
     /// `[log]`
     pub log: LogSettings,
     /// `[[perspectives]]`: SQL perspectives, from the file only.

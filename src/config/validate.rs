@@ -120,6 +120,7 @@ pub(super) fn settings(
             "a duration greater than zero while cooldown.enabled = true",
         ));
     }
+    super::console::validate(&s.console, w)?;
     perspectives(&s.perspectives, w)?;
     validate_perspective_statements(&s.perspectives)
 }

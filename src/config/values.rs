@@ -24,7 +24,7 @@ use super::{MAX_CONSUMERS, MAX_DURATION, MAX_DURATION_TEXT, MAX_SQL_INT};
 /// [`messages`](super::messages) from its path.
 pub(super) const EXPECTED: &str = "\u{1}expected ";
 
-fn expected<E: de::Error>(what: impl fmt::Display) -> E {
+pub(super) fn expected<E: de::Error>(what: impl fmt::Display) -> E {
     E::custom(format_args!("{EXPECTED}{what}"))
 }
 

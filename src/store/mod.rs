@@ -6,6 +6,7 @@
 
 pub mod bench;
 mod claims;
+mod console;
 mod dead_letters;
 mod events;
 mod instances;
@@ -14,6 +15,9 @@ mod status;
 
 pub use claims::{
     complete_in, record_failure_in, release_started_in, release_unstarted_in, ClaimedHead, WorkRow,
+};
+pub use console::{
+    DeadLetterCursor, DeadLetterFilter, DeadLetterPage, DeadLetterSummary, ERROR_PREVIEW_CHARS,
 };
 pub use dead_letters::{
     move_to_dead_letters_in, resolve_dead_letter_in, DeadLetter, DeadLetterStatus, HistoryEntry,

@@ -147,11 +147,7 @@ pub async fn serve_with(
     limits: Limits,
 ) -> Result<(), TelemetryError> {
     let upkeep = tokio::spawn(upkeep(state.metrics.clone(), shutdown.clone()));
-    let listener = BoundedListener {
-        inner: listener,
-        limits,
-        open: Arc::default(),
-    };
+    let listener = BoundedListener::new(listener, limits);
     let result = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await
@@ -224,14 +220,23 @@ impl ConnState {
 
 type OpenConnections = Arc<Mutex<VecDeque<Arc<ConnState>>>>;
 
-/// A TCP listener that enforces [`Limits`].
-struct BoundedListener {
+/// A TCP listener that enforces [`Limits`] (used by every HTTP surface: probes and console).
+pub(crate) struct BoundedListener {
     inner: TcpListener,
     limits: Limits,
     open: OpenConnections,
 }
 
 impl BoundedListener {
+    /// Wraps a bound listener.
+    pub(crate) fn new(inner: TcpListener, limits: Limits) -> Self {
+        BoundedListener {
+            inner,
+            limits,
+            open: Arc::default(),
+        }
+    }
+
     /// Makes room for one more connection; false if every slot is busy answering (then the new
     /// connection is turned away).
     fn admit(&self, conn: &Arc<ConnState>) -> bool {
@@ -289,7 +294,7 @@ impl axum::serve::Listener for BoundedListener {
 
 /// A connection under [`Limits`]: its reads fail once the request-head deadline has passed or
 /// the listener evicted it, which makes the server close it.
-struct BoundedIo {
+pub(crate) struct BoundedIo {
     stream: TcpStream,
     conn: Arc<ConnState>,
     timeout: Duration,

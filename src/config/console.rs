@@ -1,0 +1,275 @@
+//! `[console]`: where the operator console listens and who may use it (SPEC §4.4), its
+//! secrets, and the rule that keeps it from being reachable without authentication.
+//!
+//! - `listen` (default `127.0.0.1:9465`);
+//! - `read_only` (default false);
+//! - `auth_token` (secret): a bearer token;
+//! - `basic_user`, `basic_password` (secret): HTTP basic credentials, both or neither.
+//!
+//! Every key is settable from the environment like any other (`VANTAGE__CONSOLE__AUTH_TOKEN`,
+//! …), so a secret can stay out of the file. A secret is a [`Secret`]: its `Debug`, `Display`
+//! and `Serialize` write `***`, and a message about its key never quotes it.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+use serde::de::Deserializer;
+use serde::{Deserialize, Serialize, Serializer};
+
+use super::error::ConfigError;
+use super::messages::{quote, Written};
+use super::values;
+
+/// The keys whose values are secrets: shown as `***` by `config check` and in every message.
+pub(super) const SECRET_KEYS: &[&str] = &["console.auth_token", "console.basic_password"];
+
+/// What a secret is shown as.
+pub const REDACTED: &str = "***";
+
+/// A secret from the configuration (a token, a password). `Debug`, `Display` and `Serialize`
+/// hide it; [`expose`](Self::expose) gives it to the one comparison that needs it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret.
+    pub fn new(secret: impl Into<String>) -> Self {
+        Self(secret.into())
+    }
+
+    /// The secret itself: for the constant-time comparison of credentials and nothing else.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Secret({REDACTED})")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+/// Always redacted: serializing settings can never write a secret.
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(REDACTED)
+    }
+}
+
+/// `[console]`
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConsoleSettings {
+    /// `listen` (default `127.0.0.1:9465`). Anything but a loopback address needs
+    /// authentication configured.
+    #[serde(deserialize_with = "values::socket_addr")]
+    pub listen: SocketAddr,
+    /// `read_only` (default false): the console shows, and changes nothing.
+    #[serde(deserialize_with = "values::boolean")]
+    pub read_only: bool,
+    /// `auth_token` (secret): requests must carry `Authorization: Bearer <token>`.
+    #[serde(deserialize_with = "token", skip_serializing_if = "Option::is_none")]
+    pub auth_token: Option<Secret>,
+    /// `basic_user`: with `basic_password`, HTTP basic credentials.
+    #[serde(
+        deserialize_with = "basic_user",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub basic_user: Option<String>,
+    /// `basic_password` (secret).
+    #[serde(deserialize_with = "password", skip_serializing_if = "Option::is_none")]
+    pub basic_password: Option<Secret>,
+}
+
+impl Default for ConsoleSettings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9465)),
+            read_only: false,
+            auth_token: None,
+            basic_user: None,
+            basic_password: None,
+        }
+    }
+}
+
+impl ConsoleSettings {
+    /// Whether a bearer token or basic credentials are configured.
+    pub fn authentication_configured(&self) -> bool {
+        self.auth_token.is_some() || (self.basic_user.is_some() && self.basic_password.is_some())
+    }
+}
+
+/// Visible ASCII, no spaces: it travels in an `Authorization` header.
+fn token<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Secret>, D::Error> {
+    let s = values::string(d)?;
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(values::expected(
+            "a non-empty token of visible ASCII characters without spaces (it is sent in an Authorization header)",
+        ));
+    }
+    Ok(Some(Secret::new(s)))
+}
+
+/// RFC 7617: the user-id cannot contain a colon.
+fn basic_user<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let s = values::string(d)?;
+    if s.is_empty() || s.contains(':') || s.chars().any(char::is_control) {
+        return Err(values::expected(
+            "a non-empty user name without ':' or control characters",
+        ));
+    }
+    Ok(Some(s))
+}
+
+fn password<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Secret>, D::Error> {
+    let s = values::string(d)?;
+    if s.is_empty() || s.chars().any(char::is_control) {
+        return Err(values::expected(
+            "a non-empty password without control characters",
+        ));
+    }
+    Ok(Some(Secret::new(s)))
+}
+
+/// The rules across the console's keys: basic credentials come in pairs, and a console
+/// reachable beyond this machine must ask for credentials.
+pub(super) fn validate(c: &ConsoleSettings, w: &Written) -> Result<(), ConfigError> {
+    match (&c.basic_user, &c.basic_password) {
+        (Some(_), None) => {
+            return Err(ConfigError::Invalid {
+                key: "console.basic_password".to_owned(),
+                message: "missing: console.basic_user is set, and basic authentication needs both"
+                    .to_owned(),
+            })
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::Invalid {
+                key: "console.basic_user".to_owned(),
+                message:
+                    "missing: console.basic_password is set, and basic authentication needs both"
+                        .to_owned(),
+            })
+        }
+        _ => {}
+    }
+    if !c.listen.ip().is_loopback() && !c.authentication_configured() {
+        return Err(w.invalid(
+            "console.listen",
+            quote(&c.listen.to_string()),
+            "a loopback address such as \"127.0.0.1:9465\" unless authentication is configured (console.auth_token, or console.basic_user and console.basic_password): the console must not be reachable from other machines without credentials",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::super::{LoadOptions, Settings};
+    use super::*;
+
+    fn load(vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let env: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vantage.toml");
+        std::fs::write(&path, "").unwrap();
+        Settings::load_with_env(
+            &LoadOptions {
+                config_path: Some(path),
+                ..LoadOptions::default()
+            },
+            &env,
+        )
+    }
+
+    #[test]
+    fn defaults_are_as_specified() {
+        let c = Settings::from_toml_str("").unwrap().console;
+        assert_eq!(c.listen, "127.0.0.1:9465".parse().unwrap());
+        assert!(!c.read_only);
+        assert!(c.auth_token.is_none() && c.basic_user.is_none() && c.basic_password.is_none());
+        assert!(!c.authentication_configured());
+    }
+
+    #[test]
+    fn every_key_is_settable_from_the_environment() {
+        let s = load(&[
+            ("VANTAGE__CONSOLE__LISTEN", "0.0.0.0:8080"),
+            ("VANTAGE__CONSOLE__READ_ONLY", "true"),
+            ("VANTAGE__CONSOLE__AUTH_TOKEN", "t0k"),
+            ("VANTAGE__CONSOLE__BASIC_USER", "ops"),
+            ("VANTAGE__CONSOLE__BASIC_PASSWORD", "pw"),
+        ])
+        .unwrap();
+        let c = s.console;
+        assert_eq!(c.listen, "0.0.0.0:8080".parse().unwrap());
+        assert!(c.read_only);
+        assert_eq!(c.auth_token.unwrap().expose(), "t0k");
+        assert_eq!(c.basic_user.as_deref(), Some("ops"));
+        assert_eq!(c.basic_password.unwrap().expose(), "pw");
+    }
+
+    #[test]
+    fn loopback_needs_no_credentials_and_anything_else_does() {
+        for listen in ["127.0.0.1:1", "127.8.9.1:1", "[::1]:1"] {
+            assert!(
+                load(&[("VANTAGE__CONSOLE__LISTEN", listen)]).is_ok(),
+                "{listen}"
+            );
+        }
+        for listen in [
+            "0.0.0.0:1",
+            "[::]:1",
+            "192.168.1.2:9465",
+            "[::ffff:127.0.0.1]:1",
+        ] {
+            let e = load(&[("VANTAGE__CONSOLE__LISTEN", listen)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(&format!(
+                    "invalid configuration: console.listen = \"{listen}\" (from VANTAGE__CONSOLE__LISTEN): expected a loopback address"
+                )),
+                "{e}"
+            );
+            assert_eq!(ConfigError::EXIT_CODE, 78);
+        }
+        assert!(load(&[
+            ("VANTAGE__CONSOLE__LISTEN", "0.0.0.0:1"),
+            ("VANTAGE__CONSOLE__BASIC_USER", "ops"),
+            ("VANTAGE__CONSOLE__BASIC_PASSWORD", "pw"),
+        ])
+        .is_ok());
+    }
+
+    #[test]
+    fn secrets_are_never_shown() {
+        let e = Settings::from_toml_str("[console]\nauth_token = 12345678")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("12345678"), "{e}");
+        assert!(e.contains("console.auth_token = ***: expected"), "{e}");
+        let e = Settings::from_toml_str("[console]\nbasic_password = \"a\\u0007b\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("console.basic_password = ***: expected"), "{e}");
+        let e = Settings::from_toml_str("[console]\nbasic_user = \"a:b\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("console.basic_user = \"a:b\": expected"), "{e}");
+        let s = Secret::new("hunter2");
+        assert_eq!(format!("{s} {s:?}"), "*** Secret(***)");
+        assert_eq!(serde_json::to_string(&s).unwrap(), "\"***\"");
+    }
+}

@@ -1,0 +1,88 @@
+//! `GET /dead-letters/{position}/{perspective}`: the permalink of one dead letter. Its event is
+//! re-read live from `wh_event_store` (never a copy), with the check `vantage dlq inspect`
+//! makes: what was read must be that global position and that event id. Then the dead letter
+//! (the latest of that event in that perspective, whatever its status) and its whole history.
+
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+
+use crate::cli::output::sort_keys;
+use crate::console::error::PageError;
+use crate::console::view::{self, DeadLetterView, DetailPage, EventView, HistoryRow};
+use crate::console::ConsoleState;
+use crate::store::{DeadLetter, StoredEvent};
+
+/// The event, if what was read really is the dead letter's event.
+fn same_event(dl: &DeadLetter, event: Option<StoredEvent>) -> Option<StoredEvent> {
+    event.filter(|e| e.global_position == dl.global_position && e.event_id == dl.event_id)
+}
+
+fn pretty(value: &serde_json::Value) -> String {
+    let sorted = sort_keys(value.clone());
+    serde_json::to_string_pretty(&sorted).unwrap_or_else(|_| sorted.to_string())
+}
+
+/// `GET /dead-letters/{position}/{perspective}`.
+pub async fn show(
+    State(state): State<ConsoleState>,
+    Path((position, perspective)): Path<(i64, String)>,
+) -> Result<Response, PageError> {
+    let store = state.store();
+    let mut letters = store.dead_letters_of(position, &perspective).await?;
+    if letters.is_empty() {
+        return Err(PageError::NotFound(format!(
+            "No dead-lettered event at position {position} in perspective '{perspective}'."
+        )));
+    }
+    let dl = letters.remove(0);
+    let event = same_event(&dl, store.event_at(dl.global_position).await?);
+    let history = store.dead_letter_history(dl.dead_letter_id).await?;
+
+    let page = DetailPage {
+        read_only: state.read_only(),
+        list_href: view::dead_letters_href(&[("perspective", dl.perspective_name.as_str())]),
+        event: event.map(|e| EventView {
+            event_type: e.event_type,
+            global_position: e.global_position,
+            event_id: e.event_id.to_string(),
+            stream_id: e.stream_id.to_string(),
+            stream_version: e.stream_version,
+            created_at: view::at(&e.created_at),
+            data: pretty(&e.event_data),
+            metadata: e
+                .metadata
+                .as_object()
+                .is_some_and(|m| !m.is_empty())
+                .then(|| pretty(&e.metadata)),
+        }),
+        reread_error: format!("Could not re-read the event at position {position}."),
+        earlier: letters.len(),
+        history: history
+            .into_iter()
+            .map(|h| HistoryRow {
+                at: view::at(&h.at),
+                kind: h.kind,
+                actor: h.actor,
+                detail: h.detail.unwrap_or_default(),
+            })
+            .collect(),
+        dl: DeadLetterView {
+            position: dl.global_position,
+            reason: dl.failure_reason,
+            error: dl
+                .error_text
+                .unwrap_or_else(|| "(none recorded)".to_owned()),
+            attempts: dl.attempts_when_dlq,
+            failures: dl.failures_when_dlq,
+            at: view::at(&dl.dead_lettered_at),
+            by: dl.dead_lettered_by.map_or_else(
+                || "(no instance recorded)".to_owned(),
+                |i| format!("instance {i}"),
+            ),
+            status: dl.status,
+            status_changed_at: view::at(&dl.status_changed_at),
+            perspective: dl.perspective_name,
+        },
+    };
+    Ok(view::render(&page).into_response())
+}

@@ -1,0 +1,72 @@
+//! `GET /`: what `vantage status` shows, per perspective and per live instance, refreshing
+//! itself unless `?refresh=off`.
+
+use axum::extract::{Query, State};
+use axum::response::{Html, IntoResponse, Response};
+use serde::Deserialize;
+
+use crate::console::error::PageError;
+use crate::console::view::{self, InstanceRow, OverviewPage, PerspectiveRow};
+use crate::console::{ConsoleState, REFRESH_SECONDS};
+
+/// The overview's query: `refresh=off` pauses the auto-refresh.
+#[derive(Debug, Default, Deserialize)]
+pub struct OverviewQuery {
+    refresh: Option<String>,
+}
+
+/// `GET /`.
+pub async fn show(
+    State(state): State<ConsoleState>,
+    Query(query): Query<OverviewQuery>,
+) -> Result<Response, PageError> {
+    let store = state.store();
+    let perspectives = store.perspective_status().await?;
+    let instances = store.live_instances().await?;
+    let now = store.database_now().await?;
+
+    let paused = query.refresh.as_deref() == Some("off");
+    let page = OverviewPage {
+        read_only: state.read_only(),
+        now: view::at(&now),
+        refresh_seconds: (!paused).then_some(REFRESH_SECONDS),
+        refresh_every: REFRESH_SECONDS,
+        perspectives: perspectives
+            .into_iter()
+            .map(|p| PerspectiveRow {
+                dead_letters_href: view::dead_letters_href(&[(
+                    "perspective",
+                    p.perspective_name.as_str(),
+                )]),
+                oldest_age: p
+                    .oldest_pending_age_seconds
+                    .map(view::age)
+                    .unwrap_or_else(|| "-".to_owned()),
+                lag_seconds: p
+                    .oldest_pending_age_seconds
+                    .map(|s| format!("{:.0}", s.max(0.0).floor()))
+                    .unwrap_or_else(|| "-".to_owned()),
+                name: p.perspective_name,
+                pending: p.pending,
+                leased: p.leased,
+                parked: p.parked,
+                dead_lettered: p.dead_lettered,
+            })
+            .collect(),
+        instances: instances
+            .into_iter()
+            .map(|i| InstanceRow {
+                instance_id: i.instance_id.to_string(),
+                host_name: i.host_name,
+                process_id: i.process_id,
+                version: i.version,
+                started_at: view::at(&i.started_at),
+                heartbeat_age: view::age(
+                    (now - i.last_heartbeat_at).num_milliseconds() as f64 / 1000.0,
+                ),
+            })
+            .collect(),
+    };
+    let html: Html<String> = view::render(&page);
+    Ok(html.into_response())
+}

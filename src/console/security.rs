@@ -1,0 +1,185 @@
+//! The headers every console response carries, and the cross-site check of every POST.
+//!
+//! - `Content-Security-Policy`: nothing but the console's own stylesheet may load (no script
+//!   at all, no inline style, no frames, forms post only to the console);
+//! - `X-Content-Type-Options: nosniff`, `Referrer-Policy: no-referrer` (URLs carry filters),
+//!   `X-Frame-Options: DENY` (with `frame-ancestors 'none'`), `Cross-Origin-Opener-Policy` and
+//!   `Cross-Origin-Resource-Policy: same-origin`, and `Cache-Control: no-store` unless a route
+//!   set its own (dead letters are not for shared caches);
+//! - no CORS headers, ever: another origin's script cannot read a page.
+//!
+//! CSRF: a request with an unsafe method (anything but GET, HEAD, OPTIONS) is refused with 403
+//! when the browser says it is cross-site: `Sec-Fetch-Site` other than `same-origin` or
+//! `none`, or, from browsers that do not send that, an `Origin` that is not this host. A request
+//! with neither header comes from a non-browser client, which cannot be a forged request from
+//! a page, and passes (the rule of Go's `net/http.CrossOriginProtection`).
+
+use axum::extract::Request;
+use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use tower_http::set_header::SetResponseHeaderLayer;
+
+/// The console's Content-Security-Policy.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; img-src 'self'; \
+     form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// The fixed headers of every response, name and value.
+pub const SECURITY_HEADERS: &[(&str, &str)] = &[
+    ("content-security-policy", CONTENT_SECURITY_POLICY),
+    ("x-content-type-options", "nosniff"),
+    ("referrer-policy", "no-referrer"),
+    ("x-frame-options", "DENY"),
+    ("cross-origin-opener-policy", "same-origin"),
+    ("cross-origin-resource-policy", "same-origin"),
+];
+
+/// Wraps every route (the fallback and the 401s of authentication included) in the headers.
+pub fn headers(router: Router) -> Router {
+    let mut router = router.layer(SetResponseHeaderLayer::if_not_present(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-store"),
+    ));
+    for (name, value) in SECURITY_HEADERS {
+        router = router.layer(SetResponseHeaderLayer::overriding(
+            HeaderName::from_static(name),
+            HeaderValue::from_static(value),
+        ));
+    }
+    router
+}
+
+/// Whether a `Host` header names this machine by a loopback name: `localhost`, `127.x.x.x` or
+/// `[::1]`, with or without a port. An open console (no credentials configured, so on a
+/// loopback address) answers only to these, so a page whose DNS name was rebound to 127.0.0.1
+/// cannot read it from the victim's browser (DNS rebinding).
+pub fn loopback_host(host: &[u8]) -> bool {
+    let Ok(host) = std::str::from_utf8(host) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((ip, rest)) if rest.is_empty() || rest.starts_with(':') => ip,
+            _ => return false,
+        },
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Why a request is cross-site, if it is.
+pub fn cross_site(method: &Method, headers: &axum::http::HeaderMap) -> Option<&'static str> {
+    if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        return None;
+    }
+    if let Some(site) = headers.get("sec-fetch-site") {
+        return match site.as_bytes() {
+            b"same-origin" | b"none" => None,
+            _ => Some("Sec-Fetch-Site says the request comes from another site"),
+        };
+    }
+    // Neither header: not a browser, so not a forged request (passes).
+    let origin = headers.get(header::ORIGIN)?;
+    let host = headers.get(header::HOST).map(HeaderValue::as_bytes);
+    let origin_host = origin.to_str().ok().and_then(|o| {
+        o.strip_prefix("http://")
+            .or_else(|| o.strip_prefix("https://"))
+    });
+    match (origin_host, host) {
+        (Some(o), Some(h)) if o.as_bytes().eq_ignore_ascii_case(h) => None,
+        _ => Some("its Origin is not this console"),
+    }
+}
+
+/// The middleware: 403 for a cross-site request with an unsafe method.
+pub async fn reject_cross_site(request: Request, next: Next) -> Response {
+    match cross_site(request.method(), request.headers()) {
+        None => next.run(request).await,
+        Some(why) => {
+            tracing::warn!(method = %request.method(), path = request.uri().path(), why, "console: cross-site request refused");
+            (
+                StatusCode::FORBIDDEN,
+                super::error::page(
+                    StatusCode::FORBIDDEN,
+                    "Cross-site request refused",
+                    &format!(
+                        "This request was refused because {why}. Use the console's own pages."
+                    ),
+                ),
+            )
+                .into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderMap;
+
+    fn h(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.insert(*k, HeaderValue::from_static(v));
+        }
+        m
+    }
+
+    #[test]
+    fn loopback_hosts() {
+        for ok in [
+            "localhost",
+            "localhost:9465",
+            "127.0.0.1:9465",
+            "127.1.2.3",
+            "[::1]:9465",
+            "[::1]",
+        ] {
+            assert!(loopback_host(ok.as_bytes()), "{ok}");
+        }
+        for bad in [
+            "evil.example:9465",
+            "localhost.evil.example",
+            "10.0.0.1:9465",
+            "[::2]:1",
+            "[::1]x",
+        ] {
+            assert!(!loopback_host(bad.as_bytes()), "{bad}");
+        }
+    }
+
+    #[test]
+    fn safe_methods_always_pass() {
+        let cross = h(&[("sec-fetch-site", "cross-site"), ("origin", "http://evil")]);
+        assert_eq!(cross_site(&Method::GET, &cross), None);
+        assert_eq!(cross_site(&Method::HEAD, &cross), None);
+    }
+
+    #[test]
+    fn posts_must_be_same_origin() {
+        let post = Method::POST;
+        assert_eq!(
+            cross_site(&post, &h(&[("sec-fetch-site", "same-origin")])),
+            None
+        );
+        assert!(cross_site(&post, &h(&[("sec-fetch-site", "same-site")])).is_some());
+        assert!(cross_site(&post, &h(&[("sec-fetch-site", "cross-site")])).is_some());
+        let same = h(&[
+            ("origin", "http://127.0.0.1:9465"),
+            ("host", "127.0.0.1:9465"),
+        ]);
+        assert_eq!(cross_site(&post, &same), None);
+        let other = h(&[
+            ("origin", "http://evil.example"),
+            ("host", "127.0.0.1:9465"),
+        ]);
+        assert!(cross_site(&post, &other).is_some());
+        assert!(cross_site(&post, &h(&[("origin", "null"), ("host", "x")])).is_some());
+        // curl and scripts send neither header.
+        assert_eq!(cross_site(&post, &h(&[("host", "127.0.0.1:9465")])), None);
+    }
+}

@@ -1,0 +1,218 @@
+//! The templates (askama, under `templates/console/`, compiled into the binary and escaped
+//! as HTML), the stylesheet, and how values are shown.
+
+use askama::Template;
+use axum::http::header;
+use axum::response::{Html, IntoResponse, Response};
+use chrono::{DateTime, Utc};
+
+/// The console's one stylesheet, embedded in the binary (no CDN, nothing external).
+pub const STYLESHEET: &str = include_str!("../../templates/console/console.css");
+
+/// `GET /console.css`.
+pub async fn stylesheet() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "max-age=300"),
+        ],
+        STYLESHEET,
+    )
+        .into_response()
+}
+
+/// Renders a template; a template that cannot render (it cannot fail on these types, but the
+/// API says it may) becomes a plain message rather than a panic.
+pub fn render(template: &impl Template) -> Html<String> {
+    Html(template.render().unwrap_or_else(|e| {
+        tracing::error!(error = %e, "console: a template failed to render");
+        "The console could not render this page.".to_owned()
+    }))
+}
+
+/// A time as the CLI shows it: RFC 3339, UTC, milliseconds.
+pub fn at(t: &DateTime<Utc>) -> String {
+    crate::cli::output::timestamp(t)
+}
+
+/// An age as the CLI shows it (`1h 2m`).
+pub fn age(seconds: f64) -> String {
+    crate::cli::output::human_age(seconds)
+}
+
+/// `/dead-letters?…` with these parameters (empty values left out), form-encoded.
+pub fn dead_letters_href(params: &[(&str, &str)]) -> String {
+    let mut query = url::form_urlencoded::Serializer::new(String::new());
+    for (k, v) in params {
+        if !v.is_empty() {
+            query.append_pair(k, v);
+        }
+    }
+    let query = query.finish();
+    if query.is_empty() {
+        "/dead-letters".to_owned()
+    } else {
+        format!("/dead-letters?{query}")
+    }
+}
+
+/// The permalink of a dead letter: `/dead-letters/{position}/{perspective}`.
+pub fn detail_href(position: i64, perspective: &str) -> String {
+    let name: String = url::form_urlencoded::byte_serialize(perspective.as_bytes()).collect();
+    // form encoding writes a space as `+`, which a path does not decode.
+    format!("/dead-letters/{position}/{}", name.replace('+', "%20"))
+}
+
+/// One `<option>` of a filter.
+pub struct Choice {
+    /// Its value (and label).
+    pub value: String,
+    /// Whether the current filter has it.
+    pub selected: bool,
+}
+
+impl Choice {
+    /// The options `values`, `current` selected.
+    pub fn list<'a>(values: impl IntoIterator<Item = &'a str>, current: &str) -> Vec<Choice> {
+        values
+            .into_iter()
+            .map(|v| Choice {
+                value: v.to_owned(),
+                selected: v == current,
+            })
+            .collect()
+    }
+}
+
+/// `templates/console/error.html`.
+#[derive(Template)]
+#[template(path = "console/error.html")]
+pub struct ErrorPage<'a> {
+    pub read_only: bool,
+    pub status: u16,
+    pub title: &'a str,
+    pub message: &'a str,
+}
+
+/// A row of the overview's perspective table.
+pub struct PerspectiveRow {
+    pub name: String,
+    pub pending: i64,
+    pub leased: i64,
+    pub parked: i64,
+    pub dead_lettered: i64,
+    pub dead_letters_href: String,
+    pub oldest_age: String,
+    pub lag_seconds: String,
+}
+
+/// A row of the overview's instance table.
+pub struct InstanceRow {
+    pub instance_id: String,
+    pub host_name: String,
+    pub process_id: i32,
+    pub version: String,
+    pub started_at: String,
+    pub heartbeat_age: String,
+}
+
+/// `templates/console/overview.html`.
+#[derive(Template)]
+#[template(path = "console/overview.html")]
+pub struct OverviewPage {
+    pub read_only: bool,
+    pub now: String,
+    pub refresh_seconds: Option<u32>,
+    pub refresh_every: u32,
+    pub perspectives: Vec<PerspectiveRow>,
+    pub instances: Vec<InstanceRow>,
+}
+
+/// The list's filter form, as the user typed it.
+#[derive(Default)]
+pub struct FilterForm {
+    pub event_type: String,
+    pub error: String,
+    pub since: String,
+    pub until: String,
+}
+
+/// A row of the dead-letter list.
+pub struct DeadLetterRow {
+    pub href: String,
+    pub position: i64,
+    pub perspective: String,
+    pub event_type: String,
+    pub reason: String,
+    pub error: String,
+    pub attempts: i32,
+    pub at: String,
+    pub status: String,
+}
+
+/// `templates/console/dead_letters.html`.
+#[derive(Template)]
+#[template(path = "console/dead_letters.html")]
+pub struct DeadLettersPage {
+    pub read_only: bool,
+    pub perspective_options: Vec<Choice>,
+    pub reason_options: Vec<Choice>,
+    pub status_options: Vec<Choice>,
+    pub form: FilterForm,
+    /// `limit` as the form passes it on: empty for the default.
+    pub limit_param: String,
+    pub count: Option<i64>,
+    pub timeout: u64,
+    pub is_continuation: bool,
+    pub after_position: i64,
+    pub first_href: String,
+    pub rows: Vec<DeadLetterRow>,
+    pub next_href: Option<String>,
+}
+
+/// The event of the detail page, as read now.
+pub struct EventView {
+    pub event_type: String,
+    pub global_position: i64,
+    pub event_id: String,
+    pub stream_id: String,
+    pub stream_version: i32,
+    pub created_at: String,
+    pub data: String,
+    pub metadata: Option<String>,
+}
+
+/// The dead letter of the detail page.
+pub struct DeadLetterView {
+    pub position: i64,
+    pub perspective: String,
+    pub reason: String,
+    pub error: String,
+    pub attempts: i32,
+    pub failures: i32,
+    pub at: String,
+    pub by: String,
+    pub status: String,
+    pub status_changed_at: String,
+}
+
+/// A history record of the detail page.
+pub struct HistoryRow {
+    pub at: String,
+    pub kind: String,
+    pub actor: String,
+    pub detail: String,
+}
+
+/// `templates/console/detail.html`.
+#[derive(Template)]
+#[template(path = "console/detail.html")]
+pub struct DetailPage {
+    pub read_only: bool,
+    pub list_href: String,
+    pub dl: DeadLetterView,
+    pub event: Option<EventView>,
+    pub reread_error: String,
+    pub earlier: usize,
+    pub history: Vec<HistoryRow>,
+}

@@ -1,0 +1,210 @@
+//! The queries of the operator console (SPEC §4.4) beyond those it shares with the CLI
+//! (`perspective_status`, `live_instances`, `event_at`, `dead_letter_history`).
+//!
+//! - Every statement of the console runs with a `statement_timeout`: the console's [`Store`]
+//!   comes from [`Store::with_statement_timeout`], whose sessions carry it as a startup option,
+//!   so the shared calls are bounded too and a slow page can never hold a connection for long.
+//! - List pages never load payloads: no event data, and only the first
+//!   [`ERROR_PREVIEW_CHARS`] characters of an error text.
+//! - Pages are walked by keyset on (`global_position`, `dead_letter_id`), newest position
+//!   first, which the existing index on `global_position` serves; never by `OFFSET`.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgPoolOptions;
+use uuid::Uuid;
+
+use super::{map_db_error, DeadLetter, Store, StoreError};
+
+/// Characters of the error text a list row carries.
+pub const ERROR_PREVIEW_CHARS: i32 = 200;
+
+/// Which dead letters a list shows. Every field is optional; `None` matches everything.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeadLetterFilter {
+    /// Exactly this perspective.
+    pub perspective: Option<String>,
+    /// Exactly this failure reason (`MaxAttemptsExceeded`, `PermanentFailure`).
+    pub reason: Option<String>,
+    /// Exactly this event type.
+    pub event_type: Option<String>,
+    /// The error text contains this, ignoring case (a plain substring, not a pattern).
+    pub error_contains: Option<String>,
+    /// Dead-lettered at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Dead-lettered before.
+    pub until: Option<DateTime<Utc>>,
+    /// This status (`exhausted` = open); `None` = any status.
+    pub status: Option<String>,
+}
+
+/// Where a page starts: strictly after this (position, id) in the list's order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeadLetterCursor {
+    /// The global position of the last row of the previous page.
+    pub global_position: i64,
+    /// Its dead letter id (breaks ties between perspectives at one position).
+    pub dead_letter_id: Uuid,
+}
+
+/// One row of the dead-letter list: what the list shows, no payload.
+#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+pub struct DeadLetterSummary {
+    /// Its id.
+    pub dead_letter_id: Uuid,
+    /// The perspective.
+    pub perspective_name: String,
+    /// The event's global position.
+    pub global_position: i64,
+    /// The event's type.
+    pub event_type: Option<String>,
+    /// Why.
+    pub failure_reason: String,
+    /// The first [`ERROR_PREVIEW_CHARS`] characters of the error text.
+    pub error_preview: Option<String>,
+    /// Whether the error text is longer than the preview.
+    pub error_truncated: bool,
+    /// Claims when dead-lettered.
+    pub attempts_when_dlq: i32,
+    /// When.
+    pub dead_lettered_at: DateTime<Utc>,
+    /// `exhausted`, `resolved`, `purged` or `requeued`.
+    pub status: String,
+}
+
+impl DeadLetterSummary {
+    /// The cursor of the page that follows this row.
+    pub fn cursor(&self) -> DeadLetterCursor {
+        DeadLetterCursor {
+            global_position: self.global_position,
+            dead_letter_id: self.dead_letter_id,
+        }
+    }
+}
+
+/// One page of the list.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeadLetterPage {
+    /// At most the requested number of rows.
+    pub rows: Vec<DeadLetterSummary>,
+    /// Where the next page starts, when there is one.
+    pub next: Option<DeadLetterCursor>,
+}
+
+/// The filter's predicate over `wh_dead_letters`, parameters `$1`…`$7` in
+/// [`DeadLetterFilter`]'s field order (see [`bind_filter`]).
+const FILTER_WHERE: &str = "($1::text IS NULL OR perspective_name = $1) \
+    AND ($2::text IS NULL OR failure_reason = $2) \
+    AND ($3::text IS NULL OR event_type = $3) \
+    AND ($4::text IS NULL OR strpos(lower(coalesce(error_text, '')), lower($4)) > 0) \
+    AND ($5::timestamptz IS NULL OR dead_lettered_at >= $5) \
+    AND ($6::timestamptz IS NULL OR dead_lettered_at < $6) \
+    AND ($7::text IS NULL OR status = $7)";
+
+macro_rules! bind_filter {
+    ($query:expr, $f:expr) => {
+        $query
+            .bind($f.perspective.as_deref())
+            .bind($f.reason.as_deref())
+            .bind($f.event_type.as_deref())
+            .bind($f.error_contains.as_deref())
+            .bind($f.since)
+            .bind($f.until)
+            .bind($f.status.as_deref())
+    };
+}
+
+impl Store {
+    /// A store on the same database whose every session runs with `statement_timeout` set to
+    /// `timeout` (a startup option, so it holds for every statement, shared calls included).
+    /// Its pool is new and lazy, as large as this one's.
+    pub fn with_statement_timeout(&self, timeout: Duration) -> Store {
+        let millis = timeout.as_millis().clamp(1, i32::MAX as u128).to_string();
+        let connect = (*self.pool.connect_options())
+            .clone()
+            .options([("statement_timeout", millis)]);
+        let pool = PgPoolOptions::new()
+            .max_connections(self.pool.options().get_max_connections())
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(connect);
+        Store {
+            pool,
+            schema: self.schema.clone(),
+            target: self.target.clone(),
+        }
+    }
+
+    /// One page of dead letters matching `filter`, newest position first, starting after
+    /// `after`; `limit` rows at most (one more is read to know whether a next page exists).
+    pub async fn dead_letter_page(
+        &self,
+        filter: &DeadLetterFilter,
+        after: Option<DeadLetterCursor>,
+        limit: u32,
+    ) -> Result<DeadLetterPage, StoreError> {
+        let limit = limit.max(1);
+        let sql = format!(
+            "SELECT dead_letter_id, perspective_name, global_position, event_type, \
+                    failure_reason, left(error_text, {ERROR_PREVIEW_CHARS}) AS error_preview, \
+                    coalesce(length(error_text) > {ERROR_PREVIEW_CHARS}, false) AS error_truncated, \
+                    attempts_when_dlq, dead_lettered_at, status \
+             FROM wh_dead_letters \
+             WHERE {FILTER_WHERE} \
+               AND ($8::bigint IS NULL OR (global_position, dead_letter_id) < ($8, $9::uuid)) \
+             ORDER BY global_position DESC, dead_letter_id DESC \
+             LIMIT $10"
+        );
+        let query = bind_filter!(sqlx::query_as::<_, DeadLetterSummary>(&sql), filter)
+            .bind(after.map(|c| c.global_position))
+            .bind(after.map(|c| c.dead_letter_id))
+            .bind(i64::from(limit) + 1);
+        let mut rows = query.fetch_all(&self.pool).await.map_err(map_db_error)?;
+        let next = if rows.len() > limit as usize {
+            rows.truncate(limit as usize);
+            rows.last().map(DeadLetterSummary::cursor)
+        } else {
+            None
+        };
+        Ok(DeadLetterPage { rows, next })
+    }
+
+    /// How many dead letters match `filter`. `None` when counting took longer than the
+    /// session's `statement_timeout` (SQLSTATE 57014): a page can say so instead of failing.
+    pub async fn dead_letter_count(
+        &self,
+        filter: &DeadLetterFilter,
+    ) -> Result<Option<i64>, StoreError> {
+        let sql = format!("SELECT count(*) FROM wh_dead_letters WHERE {FILTER_WHERE}");
+        let counted = bind_filter!(sqlx::query_scalar::<_, i64>(&sql), filter)
+            .fetch_one(&self.pool)
+            .await;
+        match counted {
+            Ok(n) => Ok(Some(n)),
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("57014") => Ok(None),
+            Err(e) => Err(map_db_error(e)),
+        }
+    }
+
+    /// The dead letters of (`global_position`, `perspective`), whatever their status, newest
+    /// first: an event requeued and dead-lettered again has several. The permalink of the
+    /// console's detail page.
+    pub async fn dead_letters_of(
+        &self,
+        global_position: i64,
+        perspective: &str,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
+        // `DeadLetter` reads its columns by name; the table holds no payload.
+        sqlx::query_as(
+            "SELECT * FROM wh_dead_letters \
+             WHERE global_position = $1 AND perspective_name = $2 \
+             ORDER BY dead_lettered_at DESC, dead_letter_id DESC",
+        )
+        .bind(global_position)
+        .bind(perspective)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_db_error)
+    }
+}

@@ -1,0 +1,806 @@
+//! HTTP-level tests of the operator console (SPEC §4.4), against real PostgreSQL: every
+//! route through the real router in-process (`tower::ServiceExt::oneshot`), one over a real
+//! socket, and the configuration rules through `vantage config check` and `cli::console::run`.
+//!
+//! Dead letters are made the way the daemon makes them (`cli_support::Env::dead_letter`).
+
+mod cli_support;
+mod common;
+
+use axum::body::Body;
+use axum::http::{header, Request, Response, StatusCode};
+use axum::Router;
+use base64::Engine as _;
+use tower::ServiceExt as _;
+use vantage::config::{ConsoleSettings, Secret, Settings};
+use vantage::console::{self, security, ConsoleState};
+
+use cli_support::{base_command, finish, seeded, Env};
+
+/// The console over the test's database with `settings`.
+fn console_with(env: &Env, settings: &ConsoleSettings) -> Router {
+    let store = env.store.with_statement_timeout(console::STATEMENT_TIMEOUT);
+    console::router(ConsoleState::new(store, settings))
+}
+
+fn open_console(env: &Env) -> Router {
+    console_with(env, &ConsoleSettings::default())
+}
+
+/// Whether a page shows the seeded poison total `"abc"` (as JSON, HTML-escaped or not). A bare
+/// `abc` is no evidence: random UUIDs on the page contain it.
+fn shows_poison_total(body: &str) -> bool {
+    [
+        "\"abc\"",
+        "&quot;abc&quot;",
+        "&#34;abc&#34;",
+        "&#x22;abc&#x22;",
+    ]
+    .iter()
+    .any(|form| body.contains(form))
+}
+
+async fn send(router: &Router, request: Request<Body>) -> (Response<Body>, String) {
+    let response = router.clone().oneshot(request).await.expect("infallible");
+    let (parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    (Response::from_parts(parts, Body::empty()), text)
+}
+
+async fn get(router: &Router, uri: &str) -> (Response<Body>, String) {
+    send(router, Request::get(uri).body(Body::empty()).unwrap()).await
+}
+
+/// GET that must answer 200; returns the body.
+#[track_caller]
+fn ok(response: (Response<Body>, String)) -> String {
+    assert_eq!(response.0.status(), StatusCode::OK, "{}", response.1);
+    response.1
+}
+
+/// The security headers of SPEC §4.4, and no CORS.
+#[track_caller]
+fn assert_secure(response: &Response<Body>, what: &str) {
+    for (name, value) in security::SECURITY_HEADERS {
+        assert_eq!(
+            response.headers().get(*name).and_then(|v| v.to_str().ok()),
+            Some(*value),
+            "{what}: header {name}"
+        );
+    }
+    let csp = response.headers()[header::CONTENT_SECURITY_POLICY]
+        .to_str()
+        .unwrap();
+    assert!(csp.starts_with("default-src 'none'"), "{csp}");
+    assert!(
+        csp.contains("style-src 'self'") && !csp.contains("script-src"),
+        "{csp}"
+    );
+    assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+    for (name, _) in response.headers() {
+        assert!(
+            !name.as_str().starts_with("access-control-"),
+            "{what}: CORS header {name}"
+        );
+    }
+}
+
+/// The one `href` of the `rel="next"` link, unescaped.
+fn next_link(body: &str) -> Option<String> {
+    let start = body.find("rel=\"next\" href=\"")? + "rel=\"next\" href=\"".len();
+    let end = start + body[start..].find('"')?;
+    Some(
+        body[start..end]
+            .replace("&amp;", "&")
+            .replace("&#x3D;", "="),
+    )
+}
+
+/// Positions of the list's rows, in order.
+fn positions(body: &str, perspective: &str) -> Vec<i64> {
+    let needle = "href=\"/dead-letters/";
+    let mut out = Vec::new();
+    let mut rest = body;
+    while let Some(i) = rest.find(needle) {
+        rest = &rest[i + needle.len()..];
+        let end = rest.find('"').unwrap();
+        let (position, name) = rest[..end].split_once('/').unwrap();
+        if perspective.is_empty() || name == perspective {
+            out.push(position.parse().unwrap());
+        }
+    }
+    out
+}
+
+/// Dead letters: order_summary 2 (the poison total), audit 1, audit 4 (an `OrderShipped`,
+/// PermanentFailure, error text about an overflow), legacy 2.
+async fn with_dead_letters() -> Env {
+    let env = seeded().await;
+    env.dead_letter("order_summary", 2, "MaxAttemptsExceeded")
+        .await;
+    env.dead_letter("audit", 1, "MaxAttemptsExceeded").await;
+    let id = env.dead_letter("audit", 4, "PermanentFailure").await;
+    sqlx::query("UPDATE wh_dead_letters SET error_text = 'numeric field Overflow in total' WHERE dead_letter_id = $1")
+        .bind(id)
+        .execute(env.store.pool())
+        .await
+        .unwrap();
+    env.dead_letter("legacy", 2, "MaxAttemptsExceeded").await;
+    env
+}
+
+#[tokio::test]
+async fn overview_shows_each_perspective_its_dead_letters_and_the_instances() {
+    let env = with_dead_letters().await;
+    let console = open_console(&env);
+    let body = ok(get(&console, "/").await);
+    for name in ["order_summary", "audit", "legacy"] {
+        assert!(body.contains(&format!("<td>{name}</td>")), "{body}");
+    }
+    // audit has 2 open dead letters, linked to its filtered list.
+    assert!(
+        body.contains("<a class=\"alert\" href=\"/dead-letters?perspective=audit\">2</a>"),
+        "{body}"
+    );
+    assert!(body.contains(&env.instance.to_string()), "{body}");
+    assert!(body.contains("1 live instance(s)."), "{body}");
+    assert!(
+        body.contains("<meta http-equiv=\"refresh\" content=\"10\">"),
+        "{body}"
+    );
+    assert!(!body.contains("<script"), "{body}");
+
+    let paused = ok(get(&console, "/?refresh=off").await);
+    assert!(!paused.contains("http-equiv=\"refresh\""), "{paused}");
+    assert!(paused.contains("Auto-refresh paused."), "{paused}");
+}
+
+#[tokio::test]
+async fn dead_letter_list_filters_counts_and_links_to_details() {
+    let env = with_dead_letters().await;
+    let console = open_console(&env);
+
+    let all = ok(get(&console, "/dead-letters").await);
+    assert!(all.contains("4 matching dead letter(s)."), "{all}");
+    assert!(
+        !all.contains("name=\"limit\""),
+        "the default page size is not repeated: {all}"
+    );
+    assert_eq!(positions(&all, "audit"), vec![4, 1]);
+    assert!(
+        all.contains("href=\"/dead-letters/2/order_summary\""),
+        "{all}"
+    );
+    assert!(all.contains("href=\"/dead-letters/2/legacy\""), "{all}");
+    // List rows carry no payload: the poison total is in the event data only.
+    assert!(!shows_poison_total(&all), "{all}");
+
+    let cases: &[(&str, usize, &[i64])] = &[
+        ("/dead-letters?perspective=audit", 2, &[4, 1]),
+        ("/dead-letters?reason=PermanentFailure", 1, &[4]),
+        ("/dead-letters?event_type=OrderShipped", 1, &[4]),
+        ("/dead-letters?error=overflow", 1, &[4]),
+        (
+            "/dead-letters?perspective=audit&reason=MaxAttemptsExceeded",
+            1,
+            &[1],
+        ),
+        (
+            "/dead-letters?since=2000-01-01&until=2999-01-01T00:00",
+            4,
+            &[4, 2, 2, 1],
+        ),
+        ("/dead-letters?since=2999-01-01", 0, &[]),
+        ("/dead-letters?status=purged", 0, &[]),
+        ("/dead-letters?status=any&perspective=legacy", 1, &[2]),
+    ];
+    for (uri, count, expected) in cases {
+        let body = ok(get(&console, uri).await);
+        assert!(
+            body.contains(&format!("{count} matching dead letter(s).")),
+            "{uri}: {body}"
+        );
+        assert_eq!(positions(&body, ""), *expected, "{uri}");
+    }
+    // The form shows the filter it was given.
+    let body = ok(get(&console, "/dead-letters?perspective=audit&error=overflow").await);
+    assert!(body.contains("<option value=\"audit\" selected>"), "{body}");
+    assert!(body.contains("name=\"error\" value=\"overflow\""), "{body}");
+
+    for (uri, parameter) in [
+        ("/dead-letters?since=yesterday", "since"),
+        ("/dead-letters?status=open", "status"),
+        ("/dead-letters?limit=0", "limit"),
+        ("/dead-letters?after=nonsense", "after"),
+    ] {
+        let (response, body) = get(&console, uri).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{uri}");
+        assert!(body.contains(&format!("{parameter} = ")), "{uri}: {body}");
+        assert_secure(&response, uri);
+    }
+}
+
+#[tokio::test]
+async fn dead_letter_pages_are_walked_by_keyset_keeping_the_filter() {
+    let env = with_dead_letters().await;
+    let console = open_console(&env);
+
+    let mut uri = "/dead-letters?limit=2".to_owned();
+    let mut seen = Vec::new();
+    let mut pages = 0;
+    loop {
+        let body = ok(get(&console, &uri).await);
+        pages += 1;
+        assert!(body.contains("4 matching dead letter(s)."), "{body}");
+        // The filter form keeps the page size.
+        assert!(body.contains("name=\"limit\" value=\"2\""), "{body}");
+        seen.extend(positions(&body, ""));
+        match next_link(&body) {
+            Some(next) => {
+                assert!(
+                    next.contains("limit=2") && next.contains("after="),
+                    "{next}"
+                );
+                uri = next;
+            }
+            None => break,
+        }
+        assert!(pages < 5, "pagination does not end");
+    }
+    assert_eq!(pages, 2);
+    assert_eq!(seen, vec![4, 2, 2, 1]);
+
+    // A filter is kept across pages.
+    let body = ok(get(&console, "/dead-letters?perspective=audit&limit=1").await);
+    assert_eq!(positions(&body, ""), vec![4]);
+    let next = next_link(&body).expect("a second page");
+    assert!(next.contains("perspective=audit"), "{next}");
+    let body = ok(get(&console, &next).await);
+    assert_eq!(positions(&body, ""), vec![1]);
+    assert!(next_link(&body).is_none(), "{body}");
+    assert!(body.contains("First page"), "{body}");
+}
+
+#[tokio::test]
+async fn detail_rereads_the_event_live_and_shows_the_whole_dead_letter() {
+    let env = with_dead_letters().await;
+    let console = open_console(&env);
+
+    let body = ok(get(&console, "/dead-letters/2/order_summary").await);
+    assert!(
+        body.contains("Dead-lettered position 2 in perspective &#x27;order_summary&#x27;")
+            || body.contains("Dead-lettered position 2 in perspective 'order_summary'"),
+        "{body}"
+    );
+    assert!(
+        body.contains("Event (read live from wh_event_store)"),
+        "{body}"
+    );
+    assert!(body.contains("OrderPlaced"), "{body}");
+    assert!(shows_poison_total(&body), "the event data: {body}");
+    assert!(body.contains("MaxAttemptsExceeded"), "{body}");
+    assert!(
+        body.contains("handler failed: boom"),
+        "the error text: {body}"
+    );
+    assert!(body.contains("<dt>Attempts</dt><dd>11</dd>"), "{body}");
+    assert!(body.contains("<dt>Failures</dt><dd>10</dd>"), "{body}");
+    assert!(
+        body.contains(&format!("instance {}", env.instance)),
+        "{body}"
+    );
+    assert!(body.contains("<td>Exhausted</td>"), "the history: {body}");
+
+    // Live: what the store holds now, not a copy.
+    sqlx::query(
+        "UPDATE wh_event_store SET event_data = '{\"order_id\": \"x\", \"total\": \"changed-now\"}' \
+         WHERE global_position = 2",
+    )
+    .execute(env.store.pool())
+    .await
+    .unwrap();
+    let body = ok(get(&console, "/dead-letters/2/order_summary").await);
+    assert!(
+        body.contains("changed-now") && !shows_poison_total(&body),
+        "{body}"
+    );
+
+    // An event that can no longer be read: the dead letter is still shown.
+    sqlx::query("UPDATE wh_event_store SET event_id = gen_random_uuid() WHERE global_position = 2")
+        .execute(env.store.pool())
+        .await
+        .unwrap();
+    let body = ok(get(&console, "/dead-letters/2/order_summary").await);
+    assert!(
+        body.contains("Could not re-read the event at position 2."),
+        "{body}"
+    );
+    assert!(body.contains("MaxAttemptsExceeded"), "{body}");
+
+    let (response, body) = get(&console, "/dead-letters/3/order_summary").await;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    assert!(
+        body.contains("No dead-lettered event at position 3 in perspective"),
+        "{body}"
+    );
+    let (response, _) = get(&console, "/dead-letters/two/order_summary").await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_secure(&response, "a bad position");
+}
+
+#[tokio::test]
+async fn every_response_carries_the_security_headers_and_no_cors() {
+    let env = with_dead_letters().await;
+    let console = open_console(&env);
+    for uri in [
+        "/",
+        "/?refresh=off",
+        "/dead-letters",
+        "/dead-letters?perspective=audit",
+        "/dead-letters/2/order_summary",
+        "/dead-letters/9/order_summary",
+        "/console.css",
+        "/no-such-page",
+    ] {
+        let request = Request::get(uri)
+            .header(header::ORIGIN, "http://evil.example")
+            .body(Body::empty())
+            .unwrap();
+        let (response, _) = send(&console, request).await;
+        assert_secure(&response, uri);
+    }
+    let (css, body) = get(&console, "/console.css").await;
+    assert_eq!(
+        css.headers()[header::CONTENT_TYPE],
+        "text/css; charset=utf-8"
+    );
+    assert!(body.contains("font"), "{body}");
+    let (page, _) = get(&console, "/").await;
+    assert_eq!(page.headers()[header::CACHE_CONTROL], "no-store");
+    assert_eq!(
+        page.headers()[header::CONTENT_TYPE],
+        "text/html; charset=utf-8"
+    );
+    // A preflight gets no CORS answer either.
+    let preflight = Request::builder()
+        .method("OPTIONS")
+        .uri("/actions")
+        .header(header::ORIGIN, "http://evil.example")
+        .header("access-control-request-method", "POST")
+        .body(Body::empty())
+        .unwrap();
+    let (response, _) = send(&console, preflight).await;
+    assert_secure(&response, "a CORS preflight");
+}
+
+fn post(headers: &[(&str, &str)]) -> Request<Body> {
+    let mut request = Request::post("/actions").header(header::HOST, "127.0.0.1:9465");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.body(Body::empty()).unwrap()
+}
+
+#[tokio::test]
+async fn a_cross_site_post_is_refused_with_403() {
+    let env = Env::new().await;
+    let console = open_console(&env);
+    for headers in [
+        &[("sec-fetch-site", "cross-site")][..],
+        &[("sec-fetch-site", "same-site")][..],
+        &[("origin", "http://evil.example")][..],
+        &[("origin", "null")][..],
+    ] {
+        let (response, body) = send(&console, post(headers)).await;
+        assert_eq!(
+            response.status(),
+            StatusCode::FORBIDDEN,
+            "{headers:?}: {body}"
+        );
+        assert!(body.contains("Cross-site request refused"), "{body}");
+        assert_secure(&response, "a refused POST");
+    }
+    // Same origin passes the check and reaches the placeholder, which does nothing.
+    for headers in [
+        &[("sec-fetch-site", "same-origin")][..],
+        &[("origin", "http://127.0.0.1:9465")][..],
+        &[][..],
+    ] {
+        let (response, body) = send(&console, post(headers)).await;
+        assert_eq!(
+            response.status(),
+            StatusCode::NOT_IMPLEMENTED,
+            "{headers:?}: {body}"
+        );
+        assert!(body.contains("Nothing was done."), "{body}");
+    }
+    // Read-only: refused whatever the origin.
+    let read_only = console_with(
+        &env,
+        &ConsoleSettings {
+            read_only: true,
+            ..ConsoleSettings::default()
+        },
+    );
+    let (response, body) = send(&read_only, post(&[("sec-fetch-site", "same-origin")])).await;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    assert!(body.contains("read-only"), "{body}");
+    assert!(ok(get(&read_only, "/").await).contains("<span class=\"badge\">read-only</span>"));
+}
+
+#[tokio::test]
+async fn an_open_console_answers_only_to_loopback_host_names() {
+    let env = Env::new().await;
+    let console = open_console(&env);
+    let with_host = |host: &str| {
+        Request::get("/")
+            .header(header::HOST, host)
+            .body(Body::empty())
+            .unwrap()
+    };
+    for host in ["127.0.0.1:9465", "localhost:9465", "[::1]:9465"] {
+        let (response, body) = send(&console, with_host(host)).await;
+        assert_eq!(response.status(), StatusCode::OK, "{host}: {body}");
+    }
+    // A name rebound to 127.0.0.1 by its owner's DNS (DNS rebinding).
+    let (response, body) = send(&console, with_host("rebound.evil.example:9465")).await;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN, "{body}");
+    assert!(body.contains("Unknown host name"), "{body}");
+    assert_secure(&response, "a foreign host");
+    // With credentials, any name may be used (the console may sit behind a proxy).
+    let guarded = console_with(
+        &env,
+        &ConsoleSettings {
+            auth_token: Some(Secret::new("tok")),
+            ..ConsoleSettings::default()
+        },
+    );
+    let mut request = with_host("console.example.org");
+    request
+        .headers_mut()
+        .insert(header::AUTHORIZATION, "Bearer tok".parse().unwrap());
+    let (response, _) = send(&guarded, request).await;
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn credentials_are_required_when_configured() {
+    let env = with_dead_letters().await;
+    const TOKEN: &str = "tok-3f9a-not-for-pages";
+    const PASSWORD: &str = "pw-77c1-not-for-pages";
+    let token_only = console_with(
+        &env,
+        &ConsoleSettings {
+            auth_token: Some(Secret::new(TOKEN)),
+            ..ConsoleSettings::default()
+        },
+    );
+    let basic = base64::engine::general_purpose::STANDARD;
+    let both = console_with(
+        &env,
+        &ConsoleSettings {
+            auth_token: Some(Secret::new(TOKEN)),
+            basic_user: Some("ops".into()),
+            basic_password: Some(Secret::new(PASSWORD)),
+            ..ConsoleSettings::default()
+        },
+    );
+    for uri in [
+        "/",
+        "/dead-letters",
+        "/dead-letters/2/order_summary",
+        "/console.css",
+        "/nope",
+    ] {
+        for (console, challenges) in [
+            (&token_only, vec!["Bearer realm=\"vantage console\""]),
+            (
+                &both,
+                vec![
+                    "Basic realm=\"vantage console\", charset=\"UTF-8\"",
+                    "Bearer realm=\"vantage console\"",
+                ],
+            ),
+        ] {
+            for authorization in [
+                None,
+                Some("Bearer wrong".to_owned()),
+                Some(format!("Bearer {TOKEN}x")),
+                Some(format!(
+                    "Basic {}",
+                    basic.encode(format!("ops:{PASSWORD}x"))
+                )),
+            ] {
+                let mut request = Request::get(uri);
+                if let Some(a) = &authorization {
+                    request = request.header(header::AUTHORIZATION, a);
+                }
+                let (response, body) = send(console, request.body(Body::empty()).unwrap()).await;
+                assert_eq!(
+                    response.status(),
+                    StatusCode::UNAUTHORIZED,
+                    "{uri} {authorization:?}"
+                );
+                let got: Vec<&str> = response
+                    .headers()
+                    .get_all(header::WWW_AUTHENTICATE)
+                    .iter()
+                    .map(|v| v.to_str().unwrap())
+                    .collect();
+                assert_eq!(got, challenges, "{uri}");
+                assert!(!body.contains(TOKEN) && !body.contains(PASSWORD), "{body}");
+                assert_secure(&response, "a 401");
+            }
+        }
+    }
+    let with = |a: String| {
+        Request::get("/dead-letters")
+            .header(header::AUTHORIZATION, a)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let (response, body) = send(&token_only, with(format!("Bearer {TOKEN}"))).await;
+    assert_eq!(response.status(), StatusCode::OK, "{body}");
+    assert!(body.contains("4 matching dead letter(s)."), "{body}");
+    let (response, _) = send(
+        &both,
+        with(format!("Basic {}", basic.encode(format!("ops:{PASSWORD}")))),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    // Basic credentials do not open a token-only console.
+    let (response, _) = send(
+        &token_only,
+        with(format!("Basic {}", basic.encode(format!("ops:{TOKEN}")))),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    // CSRF is checked before credentials: a cross-site POST is 403 even with none.
+    let (response, _) = send(&token_only, post(&[("sec-fetch-site", "cross-site")])).await;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn console_queries_run_with_a_statement_timeout() {
+    let env = Env::new().await;
+    let store = env.store.with_statement_timeout(console::STATEMENT_TIMEOUT);
+    let setting: String = sqlx::query_scalar("SHOW statement_timeout")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(setting, "5s");
+    // And a statement beyond it is cancelled, which a page reports as a 503, not a hang.
+    let short = env
+        .store
+        .with_statement_timeout(std::time::Duration::from_millis(50));
+    let err = sqlx::query("SELECT pg_sleep(5)")
+        .execute(short.pool())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("statement timeout"), "{err}");
+}
+
+#[tokio::test]
+async fn serves_over_a_socket_until_shutdown() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = Env::new().await;
+    let store = env.store.with_statement_timeout(console::STATEMENT_TIMEOUT);
+    let (listener, local) = console::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    assert!(local.ip().is_loopback() && local.port() != 0);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(console::serve(
+        listener,
+        ConsoleState::new(store, &ConsoleSettings::default()),
+        stop.clone(),
+    ));
+    let mut stream = tokio::net::TcpStream::connect(local).await.unwrap();
+    stream
+        .write_all(
+            format!("GET / HTTP/1.1\r\nHost: {local}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        stream.read_to_string(&mut answer),
+    )
+    .await
+    .expect("an answer")
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    assert!(
+        answer.contains("content-security-policy: default-src 'none'"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains("No perspectives are registered.") || answer.contains("<td>audit</td>"),
+        "{answer}"
+    );
+    stop.cancel();
+    tokio::time::timeout(std::time::Duration::from_secs(30), server)
+        .await
+        .expect("the server stops when told")
+        .unwrap()
+        .unwrap();
+}
+
+/// The console's listener has the probes' limits: a connection that sends no request head is
+/// closed after the request-head timeout, so half-sent requests cannot pile up.
+#[tokio::test]
+async fn a_connection_that_sends_nothing_is_closed_after_the_head_timeout() {
+    use tokio::io::AsyncReadExt;
+    let env = Env::new().await;
+    let store = env.store.with_statement_timeout(console::STATEMENT_TIMEOUT);
+    let (listener, local) = console::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(console::serve(
+        listener,
+        ConsoleState::new(store, &ConsoleSettings::default()),
+        stop.clone(),
+    ));
+    let mut silent = tokio::net::TcpStream::connect(local).await.unwrap();
+    let limit = vantage::telemetry::http::REQUEST_HEAD_TIMEOUT + std::time::Duration::from_secs(5);
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(limit, silent.read(&mut buf))
+        .await
+        .expect("closed by the server within the request-head timeout");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    stop.cancel();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(30), server).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Configuration: the [console] keys, the loopback rule, the secrets
+
+#[tokio::test]
+async fn a_non_loopback_listen_without_authentication_is_refused_with_78() {
+    let env = Env::new().await;
+    let mut check = base_command();
+    check
+        .args(["--config"])
+        .arg(&env.config)
+        .args(["config", "check"])
+        .env("VANTAGE__CONSOLE__LISTEN", "0.0.0.0:9465");
+    let run = finish(check).await;
+    assert_eq!(run.code, 78, "{run:?}");
+    assert!(
+        run.stderr.contains("console.listen = \"0.0.0.0:9465\" (from VANTAGE__CONSOLE__LISTEN): expected a loopback address"),
+        "{run:?}"
+    );
+
+    // The same from `vantage console` itself, before it connects or binds anything.
+    let global = vantage::cli::GlobalArgs {
+        config: Some(env.config.clone()),
+        database_url: None,
+    };
+    let code = vantage::cli::console::run(
+        &global,
+        vantage::cli::console::ConsoleArgs {
+            listen: Some("0.0.0.0:0".into()),
+        },
+    )
+    .await;
+    assert_eq!(code, 78);
+
+    // An address that cannot be bound is 78 too, before the database is touched.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let code = vantage::cli::console::run(
+        &global,
+        vantage::cli::console::ConsoleArgs {
+            listen: Some(taken.local_addr().unwrap().to_string()),
+        },
+    )
+    .await;
+    assert_eq!(code, 78);
+
+    // With credentials it is accepted, from the file or the environment.
+    let mut check = base_command();
+    check
+        .args(["--config"])
+        .arg(&env.config)
+        .args(["config", "check"])
+        .env("VANTAGE__CONSOLE__LISTEN", "[::]:9465")
+        .env("VANTAGE__CONSOLE__AUTH_TOKEN", "tok-1234");
+    let run = finish(check).await;
+    assert_eq!(run.code, 0, "{run:?}");
+
+    // Basic credentials come in pairs.
+    let err = Settings::from_toml_str("[console]\nbasic_user = \"ops\"")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("console.basic_password: missing"), "{err}");
+    let err =
+        Settings::from_toml_str("[console]\nlisten = \"10.0.0.1:9465\"\nbasic_password = \"x\"")
+            .unwrap_err()
+            .to_string();
+    assert!(err.contains("console.basic_user: missing"), "{err}");
+}
+
+#[tokio::test]
+async fn config_check_shows_the_console_keys_with_secrets_redacted() {
+    let env = Env::new().await;
+    const TOKEN: &str = "tok-b71e-secret";
+    const PASSWORD: &str = "pw-91d0-secret";
+    let mut check = base_command();
+    check
+        .args(["--config"])
+        .arg(&env.config)
+        .args(["config", "check"])
+        .env("VANTAGE__CONSOLE__AUTH_TOKEN", TOKEN)
+        .env("VANTAGE__CONSOLE__BASIC_USER", "ops")
+        .env("VANTAGE__CONSOLE__BASIC_PASSWORD", PASSWORD)
+        .env("VANTAGE__CONSOLE__READ_ONLY", "true");
+    let run = finish(check).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        !run.stdout.contains(TOKEN) && !run.stdout.contains(PASSWORD),
+        "{run:?}"
+    );
+    assert!(
+        !run.stderr.contains(TOKEN) && !run.stderr.contains(PASSWORD),
+        "{run:?}"
+    );
+    let console_section = run
+        .stdout
+        .split("[console]\n")
+        .nth(1)
+        .expect("a [console] section")
+        .split("\n\n")
+        .next()
+        .unwrap();
+    assert_eq!(
+        console_section,
+        "listen = \"127.0.0.1:9465\"\nread_only = true\nauth_token = \"***\"\nbasic_user = \"ops\"\nbasic_password = \"***\"",
+        "{run:?}"
+    );
+
+    // A bad secret is refused without being quoted.
+    let mut check = base_command();
+    check
+        .args(["--config"])
+        .arg(&env.config)
+        .args(["config", "check"])
+        .env(
+            "VANTAGE__CONSOLE__AUTH_TOKEN",
+            "has a space tok-b71e-secret",
+        );
+    let run = finish(check).await;
+    assert_eq!(run.code, 78, "{run:?}");
+    assert!(
+        run.stderr.contains("console.auth_token = *** (from VANTAGE__CONSOLE__AUTH_TOKEN): expected a non-empty token"),
+        "{run:?}"
+    );
+    assert!(!run.stderr.contains("tok-b71e"), "{run:?}");
+
+    // Every key is settable from the environment, and unknown ones are refused.
+    let mut check = base_command();
+    check
+        .args(["--config"])
+        .arg(&env.config)
+        .args(["config", "check"])
+        .env("VANTAGE__CONSOLE__LISTN", "127.0.0.1:1");
+    let run = finish(check).await;
+    assert_eq!(run.code, 78, "{run:?}");
+    assert!(
+        run.stderr
+            .contains("unknown key console.listn (from VANTAGE__CONSOLE__LISTN)"),
+        "{run:?}"
+    );
+    assert!(run.stderr.contains("console.basic_password"), "{run:?}");
+
+    // Debug never shows a secret either.
+    let s = Settings::from_toml_str(&format!(
+        "[console]\nauth_token = \"{TOKEN}\"\nbasic_user = \"ops\"\nbasic_password = \"{PASSWORD}\""
+    ))
+    .unwrap();
+    let debug = format!("{s:?}");
+    assert!(
+        !debug.contains(TOKEN) && !debug.contains(PASSWORD),
+        "{debug}"
+    );
+    assert_eq!(s.console.auth_token.as_ref().unwrap().expose(), TOKEN);
+    // The redacted TOML parses back.
+    assert!(Settings::from_toml_str(&s.redacted_toml()).is_ok());
+}
