@@ -157,6 +157,8 @@ fn assert_mentions_dead_letters_and_commands(run: &Run) {
         " dlq requeue --all --dry-run",
         " dlq purge ",
         "/metrics",
+        // Issue 10: the demo serves the console too and says where.
+        "Console: http://",
     ] {
         assert!(run.stdout.contains(command), "missing {command:?}:\n{run}");
     }

@@ -1,8 +1,8 @@
 //! Appends the sample and drains it: the producer in the background, progress every tick,
 //! until nothing is pending and every poison event is dead-lettered; then the report.
 
+use super::Addresses;
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,7 +30,7 @@ pub(super) async fn produce_and_drain(
     interrupt: &CancellationToken,
     tty: bool,
     producer: &Store,
-    http_addr: SocketAddr,
+    addrs: Addresses,
 ) -> Option<i32> {
     let names = demo.perspective_names();
     let baseline = match Snapshot::take(producer, &names).await {
@@ -183,15 +183,6 @@ pub(super) async fn produce_and_drain(
         return Some(exit::FAILURE);
     }
 
-    print_report(
-        demo,
-        args,
-        &ours,
-        earlier,
-        max_attempts,
-        producer,
-        http_addr,
-    )
-    .await;
+    print_report(demo, args, &ours, earlier, max_attempts, producer, addrs).await;
     None
 }

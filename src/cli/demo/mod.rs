@@ -19,6 +19,7 @@
 
 mod cli_hint;
 mod config;
+mod console;
 mod drain;
 mod producer;
 mod progress;
@@ -34,6 +35,7 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use self::config::{DatabaseSource, DemoConfig, READ_MODEL_DDL};
+use self::console::DemoConsole;
 use self::drain::produce_and_drain;
 use self::producer::PRODUCERS;
 use self::progress::init_logging;
@@ -226,6 +228,18 @@ async fn with_store(
         if settings.worker.consumers == 1 { "" } else { "s" }
     );
 
+    let console = DemoConsole::start(settings, store).await;
+    if let Some(c) = &console {
+        eprintln!(
+            "Console on http://{}/ (dead letters, perspectives and lag in a browser)",
+            c.addr
+        );
+    }
+    let addrs = Addresses {
+        http: http_addr,
+        console: console.as_ref().map(|c| c.addr),
+    };
+
     // The producer is another application: its own connections.
     let producer_options = StoreOptions {
         max_connections: PRODUCERS as u32,
@@ -233,7 +247,7 @@ async fn with_store(
     };
     let code = match Store::connect(&producer_options).await {
         Ok(producer) => {
-            let code = produce_and_drain(demo, args, interrupt, tty, &producer, http_addr).await;
+            let code = produce_and_drain(demo, args, interrupt, tty, &producer, addrs).await;
             producer.close().await;
             code
         }
@@ -251,6 +265,9 @@ async fn with_store(
             exit::OK
         }
     };
+    if let Some(console) = console {
+        console.stop().await;
+    }
     if let Err(e) = daemon.shutdown().await {
         eprintln!("vantage demo: shutdown: {e}");
         return if code == exit::OK {
@@ -263,6 +280,15 @@ async fn with_store(
         eprintln!("Stopped.");
     }
     code
+}
+
+/// Where the demo serves HTTP: the daemon's metrics and probes, and the console.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Addresses {
+    /// `/metrics`, `/healthz`, `/readyz`.
+    pub(super) http: SocketAddr,
+    /// The operator console, when it could be started.
+    pub(super) console: Option<SocketAddr>,
 }
 
 fn store_failure(what: &str, e: &StoreError) -> i32 {

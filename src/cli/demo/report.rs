@@ -2,8 +2,8 @@
 //! each read model table, the metrics URL and the commands to try; and the number and text
 //! formatting the demo's output shares.
 
+use super::Addresses;
 use std::io::Write;
-use std::net::SocketAddr;
 
 use chrono::Utc;
 use uuid::Uuid;
@@ -23,8 +23,9 @@ pub(super) async fn print_report(
     earlier: usize,
     max_attempts: u32,
     store: &Store,
-    http_addr: SocketAddr,
+    addrs: Addresses,
 ) {
+    let http_addr = addrs.http;
     let mut out = String::new();
     let mut line = |text: &str| {
         out.push_str(text);
@@ -80,6 +81,11 @@ pub(super) async fn print_report(
     line(&format!(
         "Metrics: http://{http_addr}/metrics (health: http://{http_addr}/healthz, http://{http_addr}/readyz)"
     ));
+    if let Some(console) = addrs.console {
+        line(&format!(
+            "Console: http://{console}/ (the dead letters above, in a browser)"
+        ));
+    }
     line("");
     let cli = CliHint::new(demo);
     let throwaway = matches!(demo.database, DatabaseSource::Throwaway(_));
