@@ -34,35 +34,10 @@ async fn start(env: &Env, s: Settings) -> RunningDaemon {
         .expect("daemon starts")
 }
 
-async fn exec(env: &Env, sql: &str) {
-    sqlx::raw_sql(sql).execute(env.store.pool()).await.unwrap();
-}
-
-async fn scalar_i64(env: &Env, sql: &str) -> i64 {
-    sqlx::query_scalar(sql)
-        .fetch_one(env.store.pool())
-        .await
-        .unwrap()
-}
-
 /// Waits until no work row is left, or panics after `limit`.
 async fn wait_drained(env: &Env, limit: Duration) {
-    wait_until(env, "SELECT count(*) FROM wh_perspective_events", 0, limit).await;
-}
-
-async fn wait_until(env: &Env, sql: &str, want: i64, limit: Duration) {
-    let started = Instant::now();
-    loop {
-        let got = scalar_i64(env, sql).await;
-        if got == want {
-            return;
-        }
-        assert!(
-            started.elapsed() < limit,
-            "timed out waiting for `{sql}` = {want} (still {got})"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    env.wait_until("SELECT count(*) FROM wh_perspective_events", 0, limit)
+        .await;
 }
 
 async fn append(env: &Env, stream: Uuid, events: Vec<NewEvent>) {
@@ -100,9 +75,7 @@ fn recording_perspective(name: &str, events: &[&str]) -> String {
 }
 
 async fn create_applied_table(env: &Env, name: &str) {
-    exec(
-        env,
-        &format!(
+    env.exec(&format!(
             "CREATE SEQUENCE IF NOT EXISTS apply_seq; \
              CREATE TABLE applied_{name} (stream_id uuid, version int, position bigint, seq bigint, \
              PRIMARY KEY (stream_id, version))"
@@ -113,9 +86,7 @@ async fn create_applied_table(env: &Env, name: &str) {
 
 /// Every stream's rows, applied in version order: seq grows with version.
 async fn assert_in_stream_order(env: &Env, name: &str) {
-    let out_of_order = scalar_i64(
-        env,
-        &format!(
+    let out_of_order = env.scalar(&format!(
             "SELECT count(*) FROM (SELECT seq < lag(seq) OVER (PARTITION BY stream_id ORDER BY version) AS bad \
              FROM applied_{name}) x WHERE bad"
         ),
@@ -168,33 +139,23 @@ async fn drains_2000_events_over_50_streams_exactly_once_in_order() {
     wait_drained(&env, Duration::from_secs(60)).await;
     daemon.shutdown().await.unwrap();
 
+    assert_eq!(env.scalar("SELECT count(*) FROM applied_alpha").await, 2000);
+    let placed = env
+        .scalar("SELECT count(*) FROM wh_event_store WHERE event_type = 'Placed'")
+        .await;
     assert_eq!(
-        scalar_i64(&env, "SELECT count(*) FROM applied_alpha").await,
-        2000
-    );
-    let placed = scalar_i64(
-        &env,
-        "SELECT count(*) FROM wh_event_store WHERE event_type = 'Placed'",
-    )
-    .await;
-    assert_eq!(
-        scalar_i64(&env, "SELECT count(*) FROM applied_beta").await,
+        env.scalar("SELECT count(*) FROM applied_beta").await,
         placed
     );
     assert_in_stream_order(&env, "alpha").await;
     assert_in_stream_order(&env, "beta").await;
-    assert_eq!(
-        scalar_i64(&env, "SELECT count(*) FROM wh_dead_letters").await,
-        0
-    );
+    assert_eq!(env.scalar("SELECT count(*) FROM wh_dead_letters").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_events_are_dead_lettered_after_max_plus_one_claims() {
     let env = env().await;
-    exec(
-        &env,
-        "CREATE TABLE poison_model (stream_id uuid, version int, n int, PRIMARY KEY (stream_id, version))",
+    env.exec("CREATE TABLE poison_model (stream_id uuid, version int, n int, PRIMARY KEY (stream_id, version))",
     )
     .await;
     let mut s = settings(
@@ -245,10 +206,7 @@ Counted = "INSERT INTO poison_model (stream_id, version, n) VALUES ($2, $6, ($1-
         );
     }
     // Every other event applied, including those behind the poison ones.
-    assert_eq!(
-        scalar_i64(&env, "SELECT count(*) FROM poison_model").await,
-        28
-    );
+    assert_eq!(env.scalar("SELECT count(*) FROM poison_model").await, 28);
     let rendered = vantage::telemetry::recorder::render();
     assert_eq!(
         metric_value(
@@ -294,7 +252,8 @@ Marked = "INSERT INTO marked (stream_id) VALUES ($2)"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attempts_at_max_are_applied_and_one_more_is_dead_lettered() {
     let env = env().await;
-    exec(&env, "CREATE TABLE marked (stream_id uuid PRIMARY KEY)").await;
+    env.exec("CREATE TABLE marked (stream_id uuid PRIMARY KEY)")
+        .await;
     let streams = preset_rows(&env, "boundary", 2).await;
     sqlx::query("UPDATE wh_perspective_events SET attempts = 9 WHERE stream_id = $1")
         .bind(streams[0])
@@ -334,7 +293,7 @@ async fn attempts_at_max_are_applied_and_one_more_is_dead_lettered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn off_keeps_poison_rows_forever() {
     let env = env().await;
-    exec(&env, "CREATE TABLE strict_model (n int NOT NULL)").await;
+    env.exec("CREATE TABLE strict_model (n int NOT NULL)").await;
     let mut s = settings(
         &env,
         r#"
@@ -354,28 +313,22 @@ Bad = "INSERT INTO strict_model (n) VALUES (($1->>'n')::int)"
     )
     .await;
     // Well past max + 1 claims with the default max of 10.
-    wait_until(
-        &env,
+    env.wait_until(
         "SELECT count(*) FROM wh_perspective_events WHERE attempts >= 12",
         1,
         Duration::from_secs(60),
     )
     .await;
     daemon.shutdown().await.unwrap();
+    assert_eq!(env.scalar("SELECT count(*) FROM wh_dead_letters").await, 0);
     assert_eq!(
-        scalar_i64(&env, "SELECT count(*) FROM wh_dead_letters").await,
-        0
-    );
-    assert_eq!(
-        scalar_i64(&env, "SELECT count(*) FROM wh_perspective_events").await,
+        env.scalar("SELECT count(*) FROM wh_perspective_events")
+            .await,
         1
     );
     assert!(
-        scalar_i64(
-            &env,
-            "SELECT max(failures)::bigint FROM wh_perspective_events"
-        )
-        .await
+        env.scalar("SELECT max(failures)::bigint FROM wh_perspective_events")
+            .await
             >= 11
     );
 }
@@ -383,9 +336,9 @@ Bad = "INSERT INTO strict_model (n) VALUES (($1->>'n')::int)"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_move_keeps_the_row_in_the_apply_set() {
     let env = env().await;
-    exec(&env, "CREATE TABLE marked (stream_id uuid PRIMARY KEY)").await;
-    exec(
-        &env,
+    env.exec("CREATE TABLE marked (stream_id uuid PRIMARY KEY)")
+        .await;
+    env.exec(
         "CREATE FUNCTION refuse_dead_letters() RETURNS trigger LANGUAGE plpgsql AS \
          $$ BEGIN RAISE EXCEPTION 'dead-letter store is broken'; END $$; \
          CREATE TRIGGER refuse BEFORE INSERT ON wh_dead_letters \
@@ -393,7 +346,8 @@ async fn a_failing_move_keeps_the_row_in_the_apply_set() {
     )
     .await;
     let streams = preset_rows(&env, "movefail", 1).await;
-    exec(&env, "UPDATE wh_perspective_events SET attempts = 10").await;
+    env.exec("UPDATE wh_perspective_events SET attempts = 10")
+        .await;
     let before = metric_value(
         &vantage::telemetry::recorder::render(),
         "vantage_dead_letter_move_errors_total",
@@ -411,10 +365,7 @@ async fn a_failing_move_keeps_the_row_in_the_apply_set() {
         applied, streams,
         "the over-the-limit row was applied and completed"
     );
-    assert_eq!(
-        scalar_i64(&env, "SELECT count(*) FROM wh_dead_letters").await,
-        0
-    );
+    assert_eq!(env.scalar("SELECT count(*) FROM wh_dead_letters").await, 0);
     let after = metric_value(
         &vantage::telemetry::recorder::render(),
         "vantage_dead_letter_move_errors_total",
@@ -476,8 +427,7 @@ impl Perspective for Recorder {
 }
 
 async fn create_deliveries(env: &Env) {
-    exec(
-        env,
+    env.exec(
         "CREATE SEQUENCE delivery_seq; \
          CREATE TABLE deliveries (perspective text, event_id uuid, stream_id uuid, version int, \
          attempts int, seq bigint, PRIMARY KEY (perspective, event_id))",
@@ -573,8 +523,7 @@ async fn two_daemons_share_the_work_without_overlap_and_hand_over_gracefully() {
         }
     }
     // Let both work for a while, then stop one gracefully mid-drain.
-    wait_until(
-        &env,
+    env.wait_until(
         "SELECT (count(*) > 200)::int::bigint FROM deliveries",
         1,
         Duration::from_secs(30),
@@ -593,26 +542,20 @@ async fn two_daemons_share_the_work_without_overlap_and_hand_over_gracefully() {
     wait_drained(&env, Duration::from_secs(60)).await;
     second.shutdown().await.unwrap();
 
-    assert_eq!(
-        scalar_i64(&env, "SELECT count(*) FROM deliveries").await,
-        2 * 600
-    );
-    let retried = scalar_i64(&env, "SELECT count(*) FROM deliveries WHERE attempts <> 1").await;
+    assert_eq!(env.scalar("SELECT count(*) FROM deliveries").await, 2 * 600);
+    let retried = env
+        .scalar("SELECT count(*) FROM deliveries WHERE attempts <> 1")
+        .await;
     assert_eq!(
         retried, 0,
         "no delivery needed a second claim: no overlap, no attempts growth"
     );
-    let out_of_order = scalar_i64(
-        &env,
-        "SELECT count(*) FROM (SELECT seq < lag(seq) OVER (PARTITION BY perspective, stream_id ORDER BY version) AS bad \
+    let out_of_order = env.scalar("SELECT count(*) FROM (SELECT seq < lag(seq) OVER (PARTITION BY perspective, stream_id ORDER BY version) AS bad \
          FROM deliveries) x WHERE bad",
     )
     .await;
     assert_eq!(out_of_order, 0);
-    assert_eq!(
-        scalar_i64(&env, "SELECT count(*) FROM wh_dead_letters").await,
-        0
-    );
+    assert_eq!(env.scalar("SELECT count(*) FROM wh_dead_letters").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -640,8 +583,7 @@ async fn shutdown_returns_within_the_grace_and_leaves_no_lease() {
             .collect();
         append(&env, Uuid::new_v4(), events).await;
     }
-    wait_until(
-        &env,
+    env.wait_until(
         "SELECT (count(*) > 0)::int::bigint FROM deliveries",
         1,
         Duration::from_secs(30),
@@ -755,7 +697,8 @@ async fn a_head_acquired_for_a_stream_another_loop_holds_is_given_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_whose_event_vanished_is_dead_lettered_not_retried() {
     let env = env().await;
-    exec(&env, "CREATE TABLE marked (stream_id uuid PRIMARY KEY)").await;
+    env.exec("CREATE TABLE marked (stream_id uuid PRIMARY KEY)")
+        .await;
     let streams = preset_rows(&env, "vanished", 2).await;
     sqlx::query("DELETE FROM wh_event_store WHERE stream_id = $1")
         .bind(streams[0])
@@ -816,9 +759,7 @@ async fn a_stuck_handler_is_abandoned_after_the_grace() {
     .await;
     // The handler holds its lane's (exclusive) advisory lock while it sleeps: it has started.
     // (Claims hold shared advisory locks, the rebuild lock, for a moment.)
-    wait_until(
-        &env,
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted",
+    env.wait_until("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted",
         1,
         Duration::from_secs(30),
     )
@@ -830,7 +771,7 @@ async fn a_stuck_handler_is_abandoned_after_the_grace() {
         "shutdown took {:?} with a 1 s grace",
         started.elapsed()
     );
-    assert_eq!(scalar_i64(&env, "SELECT count(*) FROM deliveries").await, 0);
+    assert_eq!(env.scalar("SELECT count(*) FROM deliveries").await, 0);
     let (leased, attempts): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE instance_id IS NOT NULL), coalesce(sum(attempts), 0)::bigint \
          FROM wh_perspective_events",
@@ -848,12 +789,12 @@ async fn a_stuck_handler_is_abandoned_after_the_grace() {
     // The abandoned batch's transaction is rolled back, not left open on the server.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let open = scalar_i64(
-            &env,
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+        let open = env
+            .scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
              AND state LIKE 'idle in transaction%'",
-        )
-        .await;
+            )
+            .await;
         if open == 0 {
             break;
         }

@@ -34,32 +34,6 @@ fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
-async fn exec(env: &Env, sql: &str) {
-    sqlx::raw_sql(sql).execute(env.store.pool()).await.unwrap();
-}
-
-async fn scalar_i64(env: &Env, sql: &str) -> i64 {
-    sqlx::query_scalar(sql)
-        .fetch_one(env.store.pool())
-        .await
-        .unwrap()
-}
-
-async fn wait_until(env: &Env, sql: &str, want: i64, limit: Duration) {
-    let started = Instant::now();
-    loop {
-        let got = scalar_i64(env, sql).await;
-        if got == want {
-            return;
-        }
-        assert!(
-            started.elapsed() < limit,
-            "timed out waiting for `{sql}` = {want} (still {got})"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Registers a perspective before the daemon starts, so events appended now fan out to it and
 /// the daemon finds them all in its first claim.
 async fn register(env: &Env, name: &str, types: &[&str]) {
@@ -148,9 +122,7 @@ Hang = "SELECT pg_sleep(600)"
         .await
         .unwrap();
     let instance = daemon.instance_id();
-    wait_until(
-        &env,
-        "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(600)' AND state = 'active'",
+    env.wait_until("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(600)' AND state = 'active'",
         1,
         Duration::from_secs(30),
     )
@@ -162,9 +134,7 @@ Hang = "SELECT pg_sleep(600)"
         "shutdown took {took:?} with a 1 s grace"
     );
     // The statement was cancelled on the server, not left running.
-    wait_until(
-        &env,
-        "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(600)' AND state = 'active'",
+    env.wait_until("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(600)' AND state = 'active'",
         0,
         Duration::from_secs(3),
     )
@@ -222,8 +192,7 @@ impl Perspective for Forever {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_handler_times_out_is_charged_and_does_not_wedge_its_loop() {
     let env = env().await;
-    exec(
-        &env,
+    env.exec(
         "CREATE TABLE sql_applied (stream_id uuid PRIMARY KEY); \
          CREATE TABLE rust_applied (stream_id uuid PRIMARY KEY)",
     )
@@ -255,15 +224,13 @@ Ok = "INSERT INTO sql_applied (stream_id) VALUES ($2)"
         .start()
         .await
         .unwrap();
-    wait_until(
-        &env,
+    env.wait_until(
         "SELECT (SELECT count(*) FROM sql_applied) + (SELECT count(*) FROM rust_applied)",
         10,
         Duration::from_secs(30),
     )
     .await;
-    wait_until(
-        &env,
+    env.wait_until(
         "SELECT count(*) FROM wh_dead_letters WHERE failures_when_dlq >= 1",
         2,
         Duration::from_secs(30),
@@ -328,8 +295,7 @@ async fn backoff_is_measured_from_the_failure_not_from_the_batch_start() {
         .start()
         .await
         .unwrap();
-    wait_until(
-        &env,
+    env.wait_until(
         "SELECT count(*) FROM wh_perspective_events WHERE failures = 1",
         1,
         Duration::from_secs(30),
@@ -361,10 +327,8 @@ async fn backoff_is_measured_from_the_failure_not_from_the_batch_start() {
 async fn statements_that_fail_with_transient_looking_sqlstates_are_charged_and_do_not_block_others()
 {
     let env = env().await;
-    exec(&env, RAISE_CODE).await;
-    exec(
-        &env,
-        "CREATE TABLE healthy_applied (stream_id uuid, version int, PRIMARY KEY (stream_id, version))",
+    env.exec(RAISE_CODE).await;
+    env.exec("CREATE TABLE healthy_applied (stream_id uuid, version int, PRIMARY KEY (stream_id, version))",
     )
     .await;
     let kinds = [
@@ -414,15 +378,13 @@ async fn statements_that_fail_with_transient_looking_sqlstates_are_charged_and_d
         .start()
         .await
         .unwrap();
-    wait_until(
-        &env,
+    env.wait_until(
         "SELECT count(*) FROM healthy_applied",
         12,
         Duration::from_secs(60),
     )
     .await;
-    wait_until(
-        &env,
+    env.wait_until(
         "SELECT count(*) FROM wh_dead_letters WHERE perspective_name = 'poison'",
         12,
         Duration::from_secs(90),
@@ -433,11 +395,9 @@ async fn statements_that_fail_with_transient_looking_sqlstates_are_charged_and_d
         started.elapsed()
     );
     shutdown_within(daemon, Duration::from_secs(15)).await;
-    let missing_error = scalar_i64(
-        &env,
-        "SELECT count(*) FROM wh_dead_letters WHERE error_text NOT LIKE '%last error: %'",
-    )
-    .await;
+    let missing_error = env
+        .scalar("SELECT count(*) FROM wh_dead_letters WHERE error_text NOT LIKE '%last error: %'")
+        .await;
     assert_eq!(
         missing_error, 0,
         "every dead letter carries the statement's last error"
@@ -449,7 +409,8 @@ async fn statements_that_fail_with_transient_looking_sqlstates_are_charged_and_d
 #[tokio::test]
 async fn a_release_refunds_only_the_bump_its_claim_made() {
     let env = env().await;
-    exec(&env, "SELECT register_perspective('refund', ARRAY['E'])").await;
+    env.exec("SELECT register_perspective('refund', ARRAY['E'])")
+        .await;
     let stream = Uuid::new_v4();
     append(&env, stream, &["E"]).await;
     let instance = InstanceId::new();
@@ -465,11 +426,8 @@ async fn a_release_refunds_only_the_bump_its_claim_made() {
         .await
         .unwrap();
     assert_eq!(rows[0].attempts, 1, "a takeover bumps");
-    exec(
-        &env,
-        "UPDATE wh_perspective_events SET lease_expiry = now() - interval '1 second'",
-    )
-    .await;
+    env.exec("UPDATE wh_perspective_events SET lease_expiry = now() - interval '1 second'")
+        .await;
     let rows = env
         .store
         .get_stream_events(instance, &[stream], lease, Some(&names), None)
@@ -481,7 +439,8 @@ async fn a_release_refunds_only_the_bump_its_claim_made() {
         .await
         .unwrap();
     assert_eq!(
-        scalar_i64(&env, "SELECT attempts::bigint FROM wh_perspective_events").await,
+        env.scalar("SELECT attempts::bigint FROM wh_perspective_events")
+            .await,
         1,
         "the second claim made no bump, so there is nothing to refund"
     );
@@ -499,7 +458,8 @@ async fn a_release_refunds_only_the_bump_its_claim_made() {
             .unwrap();
     }
     assert_eq!(
-        scalar_i64(&env, "SELECT attempts::bigint FROM wh_perspective_events").await,
+        env.scalar("SELECT attempts::bigint FROM wh_perspective_events")
+            .await,
         1
     );
 }
@@ -578,8 +538,7 @@ async fn a_lost_lease_still_records_failures_and_gives_back_the_rest() {
         .await
         .unwrap();
     let instance = daemon.instance_id();
-    wait_until(
-        &env,
+    env.wait_until(
         &format!(
             "SELECT count(*) FROM wh_perspective_events WHERE stream_id = '{fail_stream}' \
              AND stream_version = 1 AND failures = 1 AND instance_id IS NULL"
@@ -588,8 +547,7 @@ async fn a_lost_lease_still_records_failures_and_gives_back_the_rest() {
         Duration::from_secs(8),
     )
     .await;
-    wait_until(
-        &env,
+    env.wait_until(
         "SELECT count(*) FROM wh_dead_letters WHERE perspective_name = 'thief'",
         1,
         Duration::from_secs(8),
@@ -610,9 +568,7 @@ async fn a_lost_lease_still_records_failures_and_gives_back_the_rest() {
         &[("perspective", "thief"), ("reason", "PermanentFailure")],
     );
     assert_eq!(moves, 1.0, "one move, counted once");
-    let history = scalar_i64(
-        &env,
-        "SELECT count(*) FROM wh_dead_letter_history h JOIN wh_dead_letters d USING (dead_letter_id) \
+    let history = env.scalar("SELECT count(*) FROM wh_dead_letter_history h JOIN wh_dead_letters d USING (dead_letter_id) \
          WHERE d.perspective_name = 'thief' AND h.kind = 'Exhausted'",
     )
     .await;
@@ -668,11 +624,8 @@ async fn shutdown_with_the_database_gone_is_quick() {
     let proxy = proxy_to(target).await;
     url.set_host(Some("127.0.0.1")).unwrap();
     url.set_port(Some(proxy.addr.port())).unwrap();
-    exec(
-        &env,
-        "CREATE TABLE gone_applied (stream_id uuid PRIMARY KEY)",
-    )
-    .await;
+    env.exec("CREATE TABLE gone_applied (stream_id uuid PRIMARY KEY)")
+        .await;
     let perspective = r#"
 [[perspectives]]
 name = "gone"
@@ -683,8 +636,7 @@ E = "INSERT INTO gone_applied (stream_id) VALUES ($2)"
     let s = settings(url.as_str(), perspective, |w| w.shutdown_grace = secs(20));
     let daemon = DaemonBuilder::new(s).without_http().start().await.unwrap();
     append(&env, Uuid::new_v4(), &["E"]).await;
-    wait_until(
-        &env,
+    env.wait_until(
         "SELECT count(*) FROM gone_applied",
         1,
         Duration::from_secs(30),
@@ -736,7 +688,8 @@ async fn a_move_on_behalf_of_a_lease_only_moves_rows_leased_to_it() {
         "an unleased row is not ours to move"
     );
     assert_eq!(
-        scalar_i64(&env, "SELECT count(*) FROM wh_perspective_events").await,
+        env.scalar("SELECT count(*) FROM wh_perspective_events")
+            .await,
         1
     );
     let moved = env

@@ -9,7 +9,7 @@
 use clap::Args;
 
 use super::output::{self, Failure};
-use super::signals::{self, Notices};
+use super::signals;
 use super::{exit, GlobalArgs};
 use crate::console::{self, ConsoleState};
 
@@ -47,16 +47,9 @@ pub async fn run(global: &GlobalArgs, args: ConsoleArgs) -> i32 {
             return exit::CONFIG;
         }
     };
-    if let Err(e) = crate::telemetry::logging::init(&settings.log) {
-        eprintln!("vantage: {e}");
-        return exit::CONFIG;
-    }
-    let stop = match signals::install(Notices::log()) {
+    let stop = match signals::start_service(&settings.log) {
         Ok(token) => token,
-        Err(e) => {
-            eprintln!("vantage: cannot install the signal handlers: {e}");
-            return exit::FAILURE;
-        }
+        Err(code) => return code,
     };
     // A stop while still connecting is a clean exit, not a wait for the connect timeout.
     let connected = tokio::select! {

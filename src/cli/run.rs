@@ -3,7 +3,7 @@
 //! The signal handlers are installed before anything slow, so a stop while the daemon still
 //! connects or migrates is a clean exit with a log line (see [`super::signals`]).
 
-use super::signals::{self, Notices};
+use super::signals;
 use super::{exit, GlobalArgs};
 use crate::daemon::{DaemonBuilder, DaemonError};
 
@@ -16,16 +16,9 @@ pub async fn run(global: &GlobalArgs) -> i32 {
             return exit::CONFIG;
         }
     };
-    if let Err(e) = crate::telemetry::logging::init(&settings.log) {
-        eprintln!("vantage: {e}");
-        return exit::CONFIG;
-    }
-    let stop = match signals::install(Notices::log()) {
+    let stop = match signals::start_service(&settings.log) {
         Ok(token) => token,
-        Err(e) => {
-            eprintln!("vantage: cannot install the signal handlers: {e}");
-            return exit::FAILURE;
-        }
+        Err(code) => return code,
     };
     let daemon = match DaemonBuilder::new(settings).shutdown_on(stop).start().await {
         Ok(d) => d,

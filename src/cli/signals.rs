@@ -110,3 +110,17 @@ pub fn install(notices: Notices) -> io::Result<CancellationToken> {
     });
     Ok(token)
 }
+
+/// What a long-running command (`run`, `console`) does first: logging from `[log]`, then the
+/// signal handlers, with log lines as notices. `Err` is the exit code to return (78 for a bad
+/// log filter, 1 when the handlers cannot be installed).
+pub fn start_service(log: &crate::config::LogSettings) -> Result<CancellationToken, i32> {
+    if let Err(e) = crate::telemetry::logging::init(log) {
+        eprintln!("vantage: {e}");
+        return Err(exit::CONFIG);
+    }
+    install(Notices::log()).map_err(|e| {
+        eprintln!("vantage: cannot install the signal handlers: {e}");
+        exit::FAILURE
+    })
+}

@@ -200,3 +200,38 @@ pub async fn migrated_database() -> MigratedDatabase {
         store,
     }
 }
+
+impl MigratedDatabase {
+    /// Runs SQL (several statements allowed), panicking on error.
+    pub async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(sql)
+            .execute(self.store.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// One bigint from a query.
+    pub async fn scalar(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(self.store.pool())
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Polls `sql` until it returns `want`; panics after `limit` (a liveness bound, not a
+    /// performance assertion).
+    pub async fn wait_until(&self, sql: &str, want: i64, limit: Duration) {
+        let started = std::time::Instant::now();
+        loop {
+            let got = self.scalar(sql).await;
+            if got == want {
+                return;
+            }
+            assert!(
+                started.elapsed() < limit,
+                "timed out waiting for `{sql}` = {want} (still {got})"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
