@@ -120,6 +120,14 @@ pub trait Perspective: Send + Sync + 'static {
         Ok(())
     }
 
+    /// The SQL statement `apply` would run for this event type, when applying the perspective
+    /// is exactly "run this statement with the seven bound parameters" (SQL perspectives). The
+    /// daemon then runs many events' statements in one round trip. Default: none (Rust
+    /// perspectives are applied one event at a time through [`Perspective::apply`]).
+    fn batch_statement(&self, _event_type: &str) -> Option<&str> {
+        None
+    }
+
     /// Whether every effect of `apply` goes through `tx` (true by default). A perspective with
     /// effects outside the database (calls, messages) returns false: the cooldown cache then
     /// keeps its mark even if the completion's transaction fails, so a re-claimed row is not

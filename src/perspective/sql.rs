@@ -235,6 +235,10 @@ impl Perspective for SqlPerspective {
         self.events.clone()
     }
 
+    fn batch_statement(&self, event_type: &str) -> Option<&str> {
+        self.statement(event_type)
+    }
+
     async fn apply(&self, event: &EventEnvelope, tx: &mut PgConnection) -> Result<(), ApplyError> {
         // Configuration guarantees a statement for every subscribed type; an event without one
         // was queued under another subscription (the registry's types differ from this

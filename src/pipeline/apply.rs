@@ -1,8 +1,10 @@
 //! The apply stage: run handlers in stream order per lane, and complete the work rows in the
 //! same transaction as the handlers' writes (exactly-once effects for SQL perspectives).
 //!
-//! A batch is first applied optimistically in one transaction with no savepoints (one round
-//! trip per event plus begin/complete/commit). If any handler fails, that transaction is rolled
+//! A batch is first applied optimistically in one transaction with no savepoints: the
+//! statements of every SQL-perspective event in one call (`apply_perspective_statements`),
+//! Rust perspectives one call per event, then complete and commit, so a batch of SQL events
+//! costs a handful of round trips, not one per event. If any handler fails, that transaction is rolled
 //! back and the batch is applied again carefully, one savepoint per event, so that in one pass:
 //! - a retryable failure charges only the failing row (failures + 1, parked for the backoff)
 //!   and gives the rows behind it in its lane back unstarted, with a refund;

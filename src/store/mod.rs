@@ -4,6 +4,7 @@
 //! them builds SQL. The schema (`database.schema`) is selected with the connection's
 //! `search_path` startup option, so the same statements serve any schema name.
 
+mod apply;
 pub mod bench;
 mod claims;
 mod console;
@@ -13,6 +14,7 @@ mod instances;
 mod operator;
 mod status;
 
+pub use apply::{apply_statements_in, StatementBatch, StatementParams};
 pub use claims::{
     complete_in, record_failure_in, release_started_in, release_unstarted_in, ClaimedHead, WorkRow,
 };

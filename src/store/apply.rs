@@ -1,0 +1,95 @@
+//! The batched apply of SQL perspectives: many events' statements in one round trip, inside the
+//! batch's transaction (migration 0005, `apply_perspective_statements`).
+
+use uuid::Uuid;
+
+use super::{map_db_error, StoreError};
+
+/// The statements of a run of events, in apply order, with their bound parameters.
+#[derive(Debug, Default)]
+pub struct StatementBatch {
+    statements: Vec<String>,
+    statement: Vec<i32>,
+    data: Vec<serde_json::Value>,
+    stream_id: Vec<Uuid>,
+    event_id: Vec<Uuid>,
+    event_type: Vec<String>,
+    global_position: Vec<i64>,
+    stream_version: Vec<i32>,
+    metadata: Vec<serde_json::Value>,
+}
+
+/// One event's parameters (SPEC §3.1: `$1` … `$7`).
+#[derive(Debug, Clone, Copy)]
+pub struct StatementParams<'a> {
+    /// `$1`
+    pub data: &'a serde_json::Value,
+    /// `$2`
+    pub stream_id: Uuid,
+    /// `$3`
+    pub event_id: Uuid,
+    /// `$4`
+    pub event_type: &'a str,
+    /// `$5`
+    pub global_position: i64,
+    /// `$6`
+    pub stream_version: i32,
+    /// `$7`
+    pub metadata: &'a serde_json::Value,
+}
+
+impl StatementBatch {
+    /// Adds one event's statement (each distinct statement is sent once).
+    pub fn push(&mut self, statement: &str, p: StatementParams<'_>) {
+        let index = match self.statements.iter().position(|s| s == statement) {
+            Some(i) => i,
+            None => {
+                self.statements.push(statement.to_owned());
+                self.statements.len() - 1
+            }
+        };
+        self.statement.push(index as i32 + 1);
+        self.data.push(p.data.clone());
+        self.stream_id.push(p.stream_id);
+        self.event_id.push(p.event_id);
+        self.event_type.push(p.event_type.to_owned());
+        self.global_position.push(p.global_position);
+        self.stream_version.push(p.stream_version);
+        self.metadata.push(p.metadata.clone());
+    }
+
+    /// Events in the batch.
+    pub fn len(&self) -> usize {
+        self.statement.len()
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.statement.is_empty()
+    }
+}
+
+/// Runs every statement of `batch`, in order, in the caller's transaction: one round trip. An
+/// error of any statement fails the call (the transaction must then be rolled back).
+pub async fn apply_statements_in(
+    conn: &mut sqlx::PgConnection,
+    batch: &StatementBatch,
+) -> Result<(), StoreError> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    sqlx::query("SELECT apply_perspective_statements($1, $2, $3, $4, $5, $6, $7, $8, $9)")
+        .bind(&batch.statements)
+        .bind(&batch.statement)
+        .bind(&batch.data)
+        .bind(&batch.stream_id)
+        .bind(&batch.event_id)
+        .bind(&batch.event_type)
+        .bind(&batch.global_position)
+        .bind(&batch.stream_version)
+        .bind(&batch.metadata)
+        .execute(conn)
+        .await
+        .map_err(map_db_error)?;
+    Ok(())
+}
