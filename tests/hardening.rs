@@ -30,6 +30,13 @@ fn settings(url: &str, extra: &str, tune: impl FnOnce(&mut WorkerSettings)) -> S
     s
 }
 
+/// A test daemon on the test's store, without HTTP.
+fn daemon_on(env: &Env, s: Settings) -> DaemonBuilder {
+    DaemonBuilder::new(s)
+        .store(env.store.clone())
+        .without_http()
+}
+
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
@@ -115,12 +122,7 @@ Hang = "SELECT pg_sleep(600)"
         w.apply_timeout = secs(100);
         w.shutdown_grace = secs(1);
     });
-    let daemon = DaemonBuilder::new(s)
-        .store(env.store.clone())
-        .without_http()
-        .start()
-        .await
-        .unwrap();
+    let daemon = daemon_on(&env, s).start().await.unwrap();
     let instance = daemon.instance_id();
     env.wait_until("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(600)' AND state = 'active'",
         1,
@@ -217,9 +219,7 @@ Ok = "INSERT INTO sql_applied (stream_id) VALUES ($2)"
         w.max_perspective_event_attempts = Some(1);
         w.shutdown_grace = secs(2);
     });
-    let daemon = DaemonBuilder::new(s)
-        .store(env.store.clone())
-        .without_http()
+    let daemon = daemon_on(&env, s)
         .perspective(Forever)
         .start()
         .await
@@ -288,9 +288,7 @@ async fn backoff_is_measured_from_the_failure_not_from_the_batch_start() {
         w.retry_backoff_base = secs(3);
         w.retry_backoff_max = secs(3);
     });
-    let daemon = DaemonBuilder::new(s)
-        .store(env.store.clone())
-        .without_http()
+    let daemon = daemon_on(&env, s)
         .perspective(SlowThenFail)
         .start()
         .await
@@ -372,12 +370,7 @@ async fn statements_that_fail_with_transient_looking_sqlstates_are_charged_and_d
         w.shutdown_grace = secs(2);
     });
     let started = Instant::now();
-    let daemon = DaemonBuilder::new(s)
-        .store(env.store.clone())
-        .without_http()
-        .start()
-        .await
-        .unwrap();
+    let daemon = daemon_on(&env, s).start().await.unwrap();
     env.wait_until(
         "SELECT count(*) FROM healthy_applied",
         12,
@@ -526,9 +519,7 @@ async fn a_lost_lease_still_records_failures_and_gives_back_the_rest() {
         w.retry_backoff_max = secs(60);
         w.shutdown_grace = secs(2);
     });
-    let daemon = DaemonBuilder::new(s)
-        .store(env.store.clone())
-        .without_http()
+    let daemon = daemon_on(&env, s)
         .perspective(Thief {
             store: env.store.clone(),
             thief,
