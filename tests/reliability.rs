@@ -213,6 +213,9 @@ url = "{url}"
 [worker]
 consumers = 2
 lease = "5s"
+# Small batches (50): more claims and lease changes for the kills to land in (with
+# set-wise applies, batches of 500 drain the backlog in a few seconds).
+batch_size = 50
 [orphans]
 heartbeat_interval = "500ms"
 stale_after = "3s"
@@ -239,7 +242,8 @@ level = "warn"
     let mut daemons: Vec<Daemon> = (0..3).map(|_| spawn(&mut generation)).collect();
 
     let drain_started = Instant::now();
-    let mut next_kill = Instant::now() + Duration::from_millis(2_000 + rs::random_below(2_000));
+    // The first kill comes early, then one every 2-4 s.
+    let mut next_kill = Instant::now() + Duration::from_millis(1_000 + rs::random_below(1_000));
     let mut kills = 0;
     let mut kills_holding_leases = 0;
     let mut leases_at_kill = 0i64;
