@@ -349,8 +349,8 @@ impl Tasks {
     }
 
     /// Heartbeat and cleanup, lease renewal, the sampler (one [`Driver`]), and the systemd
-    /// watchdog; returns the driver and the handle of lease renewal.
-    fn spawn_background(&self, b: Background) -> (Driver, JoinHandle<()>) {
+    /// watchdog; returns the driver and the handles of heartbeat and lease renewal.
+    fn spawn_background(&self, b: Background) -> (Driver, Vec<JoinHandle<()>>) {
         let driver = Driver::new(
             b.health.clone(),
             self.stop_background.clone(),
@@ -358,7 +358,9 @@ impl Tasks {
         );
         let orphans = &b.settings.orphans;
         let lease = b.settings.worker.lease;
-        driver.spawn(
+        // Stopped with lease renewal, before deregistration: a heartbeat after it would register
+        // the departed instance again.
+        let (_, heartbeat) = driver.spawn_until(
             "heartbeat",
             orphans.heartbeat_interval,
             orphans.heartbeat_interval * 3,
@@ -369,6 +371,7 @@ impl Tasks {
                 settings: Arc::clone(&b.settings),
                 health: b.health.clone(),
             },
+            self.stop_renewal.clone(),
         );
         let (_, renewal) = driver.spawn_until(
             "lease-renewal",
@@ -397,7 +400,7 @@ impl Tasks {
             b.health,
             self.stop_background.clone(),
         ));
-        (driver, renewal)
+        (driver, vec![heartbeat, renewal])
     }
 }
 
@@ -434,7 +437,7 @@ struct DrainAndStop {
     stop_claiming: CancellationToken,
     stop_background: CancellationToken,
     stop_renewal: CancellationToken,
-    renewal: JoinHandle<()>,
+    renewal: Vec<JoinHandle<()>>,
     consumers: TaskTracker,
     consumer_tasks: Vec<JoinHandle<()>>,
     background: TaskTracker,
@@ -501,9 +504,9 @@ async fn drain_and_stop(s: DrainAndStop) -> Result<(), DaemonError> {
     // Nothing is in flight any more: stop renewing, and let a renewal under way finish so its
     // row locks do not make deregistration skip those rows.
     s.stop_renewal.cancel();
-    let _ = tokio::time::timeout_at(deadline, s.renewal)
+    let _ = tokio::time::timeout_at(deadline, futures::future::join_all(s.renewal))
         .await
-        .map_err(bounded("stopping lease renewal"));
+        .map_err(bounded("stopping lease renewal and the heartbeat"));
     // Whatever is still leased (rows never started) goes back with a refund of its bump.
     match tokio::time::timeout_at(deadline, s.store.deregister(s.instance)).await {
         Ok(Ok(released)) => {
