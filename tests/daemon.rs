@@ -625,10 +625,10 @@ async fn shutdown_returns_within_the_grace_and_leaves_no_lease() {
     );
 }
 
-/// Loop 1 still holds a stream's reservation (finishing its batch) when a row it failed becomes
+/// Loop 1 still holds a lane's reservation (finishing its batch) when a row it failed becomes
 /// due again; loop 2's claim acquires that head. Loop 1 will never fetch it, so loop 2 must give
-/// it back: a kept head would sit leased to nobody until expiry, and, since claims skip streams
-/// where we hold a valid head, stall the whole stream with it.
+/// it back: a kept head would sit leased to nobody until expiry, and, since claims never take a
+/// row validly leased to us, stall the whole lane with it.
 #[tokio::test]
 async fn a_head_acquired_for_a_stream_another_loop_holds_is_given_back() {
     use vantage::pipeline::claim::{claim_batch, ClaimLimits};
@@ -654,7 +654,8 @@ async fn a_head_acquired_for_a_stream_another_loop_holds_is_given_back() {
     let first = claim_batch(&env.store, instance, &names, &limits, &inflight)
         .await
         .unwrap();
-    assert_eq!(first.reservation.streams(), &[stream]);
+    assert_eq!(first.reservation.lanes().len(), 1);
+    assert_eq!(first.reservation.lanes()[0].stream_id, stream);
     let row = first.rows[0].event_work_id;
     assert!(env
         .store

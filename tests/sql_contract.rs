@@ -2184,3 +2184,149 @@ async fn purged_dead_letter_stays_purged_when_its_event_is_exhausted_again() -> 
     );
     Ok(())
 }
+
+// ------------------------------------------------------------------------------------------
+// The lane index (migration 0007)
+// ------------------------------------------------------------------------------------------
+
+/// The lanes in the lane index and the lanes that have work rows.
+async fn lane_sets(store: &Store) -> anyhow::Result<(BTreeSet<Lane>, BTreeSet<Lane>)> {
+    let indexed: Vec<Lane> =
+        sqlx::query_as("SELECT stream_id, perspective_name FROM wh_perspective_lanes")
+            .fetch_all(store.pool())
+            .await?;
+    let worked: Vec<Lane> =
+        sqlx::query_as("SELECT DISTINCT stream_id, perspective_name FROM wh_perspective_events")
+            .fetch_all(store.pool())
+            .await?;
+    Ok((indexed.into_iter().collect(), worked.into_iter().collect()))
+}
+
+/// Rule 16. An append into a lane whose last row is being completed never strands the new row:
+/// the completion (its trigger) waits for the appender's lock on the lane row and then sees the
+/// new row, so the lane stays in the index (I1) and the next claim gets it; once everything is
+/// done the index is empty. Deterministic: the append is held open while the completion runs.
+/// Catches: an append that does not lock the lane row (ON CONFLICT DO NOTHING), an emptiness
+/// check on a snapshot taken before the lane's lock, a lane not made due when its head completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_racing_the_completion_of_its_lane_is_not_stranded() -> TestResult {
+    let ctx = setup().await?;
+    let store = ctx.store.clone();
+    perspective(&store, "P1", &["*"]).await?;
+    let stream = Uuid::new_v4();
+    append(&store, stream, &["E"]).await?;
+    let instance = live_instance(&store).await?;
+    let first = store.claim_work(instance, LEASE, 10, 10, None).await?;
+    assert_eq!(first.len(), 1);
+
+    // The producer's append of version 2, not yet committed.
+    let mut producer = store.pool().begin().await?;
+    sqlx::query("SELECT * FROM append_events($1, NULL, $2)")
+        .bind(stream)
+        .bind(json!([{ "event_type": "E" }]))
+        .execute(&mut *producer)
+        .await?;
+
+    let completion = {
+        let store = store.clone();
+        let ids = ids_of(&first);
+        tokio::spawn(async move { store.complete(instance, &ids).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    producer.commit().await?;
+    assert_eq!(completion.await??, 1);
+
+    let second = store.claim_work(instance, LEASE, 10, 10, None).await?;
+    assert_eq!(
+        second.iter().map(|r| r.stream_version).collect::<Vec<_>>(),
+        vec![2],
+        "the appended row is claimable (lanes: {:?})",
+        lane_sets(&store).await?
+    );
+    store.complete(instance, &ids_of(&second)).await?;
+    let (indexed, worked) = lane_sets(&store).await?;
+    assert!(worked.is_empty(), "all work done");
+    assert!(
+        indexed.is_empty(),
+        "empty lanes leave the index: {indexed:?}"
+    );
+    Ok(())
+}
+
+/// Rule 17. A perspective with many parked lanes does not starve another: every claim of a
+/// daemon handling both returns the healthy perspective's rows, and the parked lanes are not
+/// visited again until they are due. Catches: a claim that visits blocked lanes under a shared
+/// budget (the parked ones eat it and the claim comes back empty), a lane index whose hint is
+/// not moved to the parked head's scheduled_for.
+#[tokio::test]
+async fn parked_lanes_do_not_starve_another_perspective() -> TestResult {
+    const PARKED: usize = 300;
+
+    let ctx = setup().await?;
+    let store = ctx.store.clone();
+    perspective(&store, "Parked", &["Bad"]).await?;
+    perspective(&store, "Healthy", &["Good"]).await?;
+    for _ in 0..PARKED {
+        append(&store, Uuid::new_v4(), &["Bad", "Bad"]).await?;
+    }
+    // Park every lane's head the way the daemon does: claim it, record a failure.
+    let failing = live_instance(&store).await?;
+    let heads = store
+        .claim_work(
+            failing,
+            LEASE,
+            PARKED as u32,
+            PARKED as u32 * 2,
+            Some(names(&["Parked"]).as_slice()),
+        )
+        .await?;
+    assert_eq!(heads.len(), PARKED * 2);
+    for r in heads.iter().filter(|r| r.stream_version == 1) {
+        assert!(
+            store
+                .record_failure(failing, r.event_work_id, "down", Duration::from_secs(3600))
+                .await?
+        );
+    }
+    let behind: Vec<Uuid> = heads
+        .iter()
+        .filter(|r| r.stream_version == 2)
+        .map(|r| r.event_work_id)
+        .collect();
+    store.release_unstarted(failing, &behind).await?;
+
+    let healthy: Vec<Uuid> = (0..60).map(|_| Uuid::new_v4()).collect();
+    for s in &healthy {
+        append(&store, *s, &["Good"]).await?;
+    }
+    let both = names(&["Parked", "Healthy"]);
+    for round in 0..4 {
+        let instance = live_instance(&store).await?;
+        let rows = store
+            .claim_work(instance, LEASE, 5, 5, Some(both.as_slice()))
+            .await?;
+        assert_eq!(rows.len(), 5, "round {round}: a full claim of healthy rows");
+        assert!(rows.iter().all(|r| r.perspective_name == "Healthy"));
+        // The contract's head claim too.
+        let other = live_instance(&store).await?;
+        let heads = store
+            .claim_orphaned(other, LEASE, 5, 5, Some(both.as_slice()))
+            .await?;
+        assert!(
+            !heads.is_empty(),
+            "round {round}: claim_orphaned finds healthy heads"
+        );
+        assert!(heads.iter().all(|h| h.perspective_name == "Healthy"));
+    }
+    let visible_parked = count(
+        &store,
+        "SELECT count(*) FROM wh_perspective_lanes \
+         WHERE perspective_name = 'Parked' AND due_at <= now()",
+    )
+    .await?;
+    assert_eq!(
+        visible_parked, 0,
+        "parked lanes sit in the future part of the index"
+    );
+    Ok(())
+}

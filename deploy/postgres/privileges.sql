@@ -65,6 +65,8 @@ GRANT SELECT ON vantage.wh_event_store TO vantage_daemon;
 GRANT SELECT, INSERT, UPDATE ON vantage.wh_perspectives TO vantage_daemon;
 -- Work rows: claimed, renewed, failed and released (UPDATE), completed and dead-lettered (DELETE).
 GRANT SELECT, UPDATE, DELETE ON vantage.wh_perspective_events TO vantage_daemon;
+-- The lane index (claims lock and update lanes; triggers on the work rows keep it; migration 0007).
+GRANT SELECT, INSERT, UPDATE, DELETE ON vantage.wh_perspective_lanes TO vantage_daemon;
 -- Instance registry: heartbeat (upsert), deregistration and dead-instance cleanup.
 GRANT SELECT, INSERT, UPDATE, DELETE ON vantage.wh_service_instances TO vantage_daemon;
 -- Dead letters: moved in (INSERT, or UPDATE when a requeued message is dead-lettered again).
@@ -90,6 +92,8 @@ GRANT SELECT, INSERT ON vantage.wh_event_store TO vantage_producer;
 -- The fan-out trigger reads the registry and inserts one work row per subscribed perspective.
 GRANT SELECT ON vantage.wh_perspectives TO vantage_producer;
 GRANT INSERT ON vantage.wh_perspective_events TO vantage_producer;
+-- ... and a trigger upserts the lane of each new work row (INSERT ... ON CONFLICT DO UPDATE).
+GRANT SELECT, INSERT, UPDATE ON vantage.wh_perspective_lanes TO vantage_producer;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA vantage TO vantage_producer;
 GRANT EXECUTE ON FUNCTION vantage.append_events TO vantage_producer;
 

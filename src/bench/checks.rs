@@ -335,10 +335,7 @@ async fn plans(
     let batch = bench.config.batch_size as i32;
     let claim = bench.db.explain_claim(names, max_streams, batch).await?;
     out.plans
-        .push((format!("claim_orphaned_perspective_events, {at}"), claim));
-    let fetch = bench.db.explain_fetch(names, max_streams, batch).await?;
-    out.plans
-        .push((format!("get_stream_events after that claim, {at}"), fetch));
+        .push((format!("claim_perspective_work, {at}"), claim));
     let lease = bench.db.explain_limit_lease(names, batch).await?;
     out.plans
         .push((format!("the limit's lease statement, {at}"), lease));
@@ -371,7 +368,7 @@ async fn claim_scale(bench: &Bench) -> Result<CheckOutcome, BenchError> {
     )
     .await?;
     out.details.push(format!(
-        "claim round (claim_orphaned + get_stream_events, {SAMPLES} samples) p50/p99: {:.2}/{:.2} ms at {small_rows} rows, {:.2}/{:.2} ms at {large_rows} rows",
+        "claim (claim_perspective_work, {SAMPLES} samples) p50/p99: {:.2}/{:.2} ms at {small_rows} rows, {:.2}/{:.2} ms at {large_rows} rows",
         at_small.p50_ms, at_small.p99_ms, at_large.p50_ms, at_large.p99_ms
     ));
     out.ratio(

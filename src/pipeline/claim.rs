@@ -1,14 +1,13 @@
-//! The claim stage: acquire lanes (`claim_orphaned_perspective_events`), reserve their streams
-//! in this process, then claim and fetch their rows (`get_stream_events`), raw.
+//! The claim stage: one call (`claim_perspective_work`) takes due lanes from the lane index and
+//! leases the claimable prefix of each, returning the rows raw; the lanes are then reserved in
+//! this process.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use uuid::Uuid;
-
-use super::inflight::{InFlight, Reservation};
-use super::lease::give_back_heads;
+use super::inflight::{InFlight, LaneKey, Reservation};
+use super::lease::give_back_unworked;
 use crate::store::{InstanceId, Store, StoreError, WorkRow};
 use crate::telemetry::metrics as m;
 
@@ -17,23 +16,27 @@ use crate::telemetry::metrics as m;
 pub struct ClaimLimits {
     /// Lease length.
     pub lease: Duration,
-    /// Streams per claim (`worker.max_streams_per_claim`).
+    /// Lanes per claim (`worker.max_streams_per_claim`).
     pub max_streams: u32,
     /// Rows per claim (`worker.batch_size`).
     pub batch_size: u32,
 }
 
-/// The rows of one claim, with the reservation of their streams.
+/// The rows of one claim, with the reservation of their lanes.
 #[derive(Debug)]
 pub struct ClaimedBatch {
     /// Rows leased to us, ordered by stream, perspective, stream_version.
     pub rows: Vec<WorkRow>,
-    /// Holds the streams until dropped; the lease handle tracks the rows in it for renewal.
+    /// Holds the lanes until dropped; the lease handle tracks the rows in it for renewal.
     pub reservation: Reservation,
 }
 
-/// Claims one batch. Lane heads acquired for streams another loop of this process holds, or
-/// left out of the fetch window, are given back at once with a refund.
+/// Claims one batch. Loops of one process claim concurrently: the database hands each lane to
+/// one claimer at a time and never re-leases a row validly leased to us. A lane another loop of
+/// ours still holds can come back here only with rows that loop is done with (a row it failed
+/// that is due again) or whose lease lapsed under it: the first are given back at once with a
+/// refund (that loop will not fetch them again, and a kept lease would stall the lane until it
+/// expires); the second are left to the loop working on them.
 pub async fn claim_batch(
     store: &Store,
     instance: InstanceId,
@@ -42,9 +45,8 @@ pub async fn claim_batch(
     inflight: &Arc<InFlight>,
 ) -> Result<ClaimedBatch, StoreError> {
     let started = Instant::now();
-    let claim_guard = inflight.claim_lock().await;
-    let heads = store
-        .claim_orphaned(
+    let rows = store
+        .claim_work(
             instance,
             limits.lease,
             limits.max_streams,
@@ -53,50 +55,30 @@ pub async fn claim_batch(
         )
         .await?;
 
-    let mut streams: Vec<Uuid> = Vec::new();
-    for h in &heads {
-        if !streams.contains(&h.stream_id) {
-            streams.push(h.stream_id);
+    let mut lanes: Vec<LaneKey> = Vec::new();
+    for r in &rows {
+        let key = LaneKey::of(r);
+        if lanes.last() != Some(&key) {
+            lanes.push(key);
         }
     }
-    let (reservation, taken) = inflight.reserve(&streams);
-    drop(claim_guard);
-
-    let rows = if reservation.streams().is_empty() {
-        Vec::new()
+    let (reservation, taken) = inflight.reserve(&lanes);
+    let rows: Vec<WorkRow> = if taken.is_empty() {
+        rows
     } else {
-        match store
-            .get_stream_events(
-                instance,
-                reservation.streams(),
-                limits.lease,
-                Some(perspectives),
-                Some(limits.batch_size),
-            )
-            .await
-        {
-            Ok(rows) => rows,
-            Err(e) => {
-                // Give the heads back rather than let them sit leased until expiry.
-                let ids: Vec<Uuid> = heads.iter().map(|h| h.event_work_id).collect();
-                let _ = give_back_heads(store, instance, &ids).await;
-                return Err(e);
-            }
-        }
+        let taken: HashSet<LaneKey> = taken.into_iter().collect();
+        let in_flight: HashSet<uuid::Uuid> = inflight.rows().into_iter().collect();
+        let (theirs, mine): (Vec<WorkRow>, Vec<WorkRow>) = rows
+            .into_iter()
+            .partition(|r| taken.contains(&LaneKey::of(r)));
+        let giveback: Vec<uuid::Uuid> = theirs
+            .iter()
+            .map(|r| r.event_work_id)
+            .filter(|id| !in_flight.contains(id))
+            .collect();
+        give_back_unworked(store, instance, &giveback).await?;
+        mine
     };
-
-    // Heads we hold but will not work on now: another loop has their stream, or the fetch
-    // window (batch_size) left them out.
-    let fetched: HashSet<Uuid> = rows.iter().map(|r| r.event_work_id).collect();
-    // Heads of a stream another loop of ours holds go back at once. Claims are serialised and
-    // skip streams where we hold a valid head, so such a head can only be acquired once that
-    // loop has finished fetching (it fetches once per batch): it will never pick the head up.
-    let giveback: Vec<Uuid> = heads
-        .iter()
-        .filter(|h| taken.contains(&h.stream_id) || !fetched.contains(&h.event_work_id))
-        .map(|h| h.event_work_id)
-        .collect();
-    give_back_heads(store, instance, &giveback).await?;
 
     metrics::histogram!(m::CLAIM_DURATION_SECONDS).record(started.elapsed().as_secs_f64());
     let mut claimed: BTreeMap<&str, (u64, u64)> = BTreeMap::new();

@@ -1,7 +1,7 @@
 //! What this process is working on right now.
 //!
 //! All consumer loops of a process share one lease holder id, so the database cannot tell them
-//! apart: a stream is reserved here by one loop at a time, and the rows in flight are listed so
+//! apart: a lane is reserved here by one loop at a time, and the rows in flight are listed so
 //! the renewal loop can keep their leases alive while a slow apply runs.
 
 use std::collections::HashSet;
@@ -9,16 +9,36 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use uuid::Uuid;
 
-/// Streams reserved by consumer loops and work rows in flight, for one process.
+use crate::store::WorkRow;
+
+/// A lane: (stream, perspective).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LaneKey {
+    /// The stream.
+    pub stream_id: Uuid,
+    /// The perspective.
+    pub perspective: String,
+}
+
+impl LaneKey {
+    /// The lane of a work row.
+    pub fn of(row: &WorkRow) -> Self {
+        Self {
+            stream_id: row.stream_id,
+            perspective: row.perspective_name.clone(),
+        }
+    }
+}
+
+/// Lanes reserved by consumer loops and work rows in flight, for one process.
 #[derive(Debug, Default)]
 pub struct InFlight {
     inner: Mutex<Inner>,
-    claim: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    streams: HashSet<Uuid>,
+    lanes: HashSet<LaneKey>,
     rows: HashSet<Uuid>,
     /// Rows a handler has seen under their current lease (given back without a refund).
     started: HashSet<Uuid>,
@@ -37,36 +57,27 @@ impl InFlight {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Reserves the streams not already reserved by another loop. Returns the reservation
-    /// (released on drop) and the streams that were taken.
-    pub fn reserve(self: &Arc<Self>, streams: &[Uuid]) -> (Reservation, Vec<Uuid>) {
+    /// Reserves the lanes not already reserved by another loop. Returns the reservation
+    /// (released on drop) and the lanes that were taken.
+    pub fn reserve(self: &Arc<Self>, lanes: &[LaneKey]) -> (Reservation, Vec<LaneKey>) {
         let mut inner = self.lock();
         let mut mine = Vec::new();
         let mut taken = Vec::new();
-        for s in streams {
-            if inner.streams.insert(*s) {
-                mine.push(*s);
-            } else if !mine.contains(s) {
-                taken.push(*s);
+        for l in lanes {
+            if inner.lanes.insert(l.clone()) {
+                mine.push(l.clone());
+            } else if !mine.contains(l) {
+                taken.push(l.clone());
             }
         }
         (
             Reservation {
                 owner: Arc::clone(self),
-                streams: mine,
+                lanes: mine,
                 rows: Vec::new(),
             },
             taken,
         )
-    }
-
-    /// Serialises "acquire lanes + reserve their streams" across the loops of this process.
-    /// The claim skips streams where this instance already holds a valid head, so once one
-    /// loop has reserved a stream, no other loop of ours acquires a lane of it; without the
-    /// lock, two loops could acquire lanes of one stream at once and one would give back a
-    /// head the other had already fetched as its own.
-    pub async fn claim_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.claim.lock().await
     }
 
     /// Work rows currently in flight (their leases are renewed).
@@ -99,25 +110,25 @@ impl InFlight {
         self.lock().backends.iter().copied().collect()
     }
 
-    /// Number of streams reserved.
-    pub fn streams_reserved(&self) -> usize {
-        self.lock().streams.len()
+    /// Number of lanes reserved.
+    pub fn lanes_reserved(&self) -> usize {
+        self.lock().lanes.len()
     }
 }
 
-/// Streams (and their rows in flight) held by one consumer loop; released on drop, so a loop
-/// that errors out can never leave a stream reserved.
+/// Lanes (and their rows in flight) held by one consumer loop; released on drop, so a loop
+/// that errors out can never leave a lane reserved.
 #[derive(Debug)]
 pub struct Reservation {
     owner: Arc<InFlight>,
-    streams: Vec<Uuid>,
+    lanes: Vec<LaneKey>,
     rows: Vec<Uuid>,
 }
 
 impl Reservation {
-    /// The reserved streams.
-    pub fn streams(&self) -> &[Uuid] {
-        &self.streams
+    /// The reserved lanes.
+    pub fn lanes(&self) -> &[LaneKey] {
+        &self.lanes
     }
 
     /// Lists rows as in flight (leases renewed until the reservation is dropped or they are done).
@@ -164,8 +175,8 @@ impl Drop for BackendGuard {
 impl Drop for Reservation {
     fn drop(&mut self) {
         let mut inner = self.owner.lock();
-        for s in &self.streams {
-            inner.streams.remove(s);
+        for l in &self.lanes {
+            inner.lanes.remove(l);
         }
         for r in &self.rows {
             inner.rows.remove(r);
@@ -178,21 +189,30 @@ impl Drop for Reservation {
 mod tests {
     use super::*;
 
+    fn lane(perspective: &str, stream_id: Uuid) -> LaneKey {
+        LaneKey {
+            stream_id,
+            perspective: perspective.to_string(),
+        }
+    }
+
     #[test]
-    fn a_stream_is_reserved_by_one_loop_at_a_time() {
+    fn a_lane_is_reserved_by_one_loop_at_a_time() {
         let inflight = InFlight::new();
-        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
-        let (mut first, taken) = inflight.reserve(&[a]);
+        let s = Uuid::new_v4();
+        let (a, b) = (lane("P", s), lane("Q", s));
+        let (mut first, taken) = inflight.reserve(std::slice::from_ref(&a));
         assert!(taken.is_empty());
         first.track_rows(&[Uuid::new_v4()]);
-        let (second, taken) = inflight.reserve(&[a, b]);
-        assert_eq!(taken, vec![a]);
-        assert_eq!(second.streams(), &[b]);
+        // Another perspective's lane of the same stream is another lane.
+        let (second, taken) = inflight.reserve(&[a.clone(), b.clone()]);
+        assert_eq!(taken, vec![a.clone()]);
+        assert_eq!(second.lanes(), &[b]);
         assert_eq!(inflight.rows().len(), 1);
         drop(first);
         assert!(inflight.rows().is_empty());
-        let (third, taken) = inflight.reserve(&[a]);
+        let (third, taken) = inflight.reserve(std::slice::from_ref(&a));
         assert!(taken.is_empty());
-        assert_eq!(third.streams(), &[a]);
+        assert_eq!(third.lanes(), &[a]);
     }
 }

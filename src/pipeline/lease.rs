@@ -425,9 +425,9 @@ fn log_dead_letter(
     .increment(1);
 }
 
-/// Gives back heads a claim acquired but that no batch will work on (another loop of ours holds
-/// their stream, or the fetch window left them out): unstarted, with a refund of their bump.
-pub async fn give_back_heads(
+/// Gives back rows a claim leased that no batch will work on (their lane is reserved by another
+/// loop of ours): unstarted, with a refund of their claim's bump.
+pub async fn give_back_unworked(
     store: &Store,
     instance: InstanceId,
     ids: &[Uuid],

@@ -76,8 +76,8 @@ ORDER BY v, s";
 /// Empties everything a run leaves behind (events, work rows, dead letters, the read model,
 /// instances), restarting the identities so a re-seed gets the same global positions.
 const RESET_DATA: &str = "
-TRUNCATE wh_event_store, wh_perspective_events, wh_dead_letter_history, wh_dead_letters,
-         wh_service_instances, wh_perspectives, bench_applied RESTART IDENTITY;
+TRUNCATE wh_event_store, wh_perspective_events, wh_perspective_lanes, wh_dead_letter_history,
+         wh_dead_letters, wh_service_instances, wh_perspectives, bench_applied RESTART IDENTITY;
 ALTER SEQUENCE bench_applied_seq RESTART";
 
 /// Counters read before and after a run (see [`RunCounters`]).
@@ -511,9 +511,9 @@ impl BenchStore {
     // ---------------------------------------------------------------------------------------
     // Claim latency and plans
 
-    /// One claim round as the daemon's claim stage issues it (claim_orphaned_perspective_events,
-    /// then get_stream_events on the streams it returned), in a transaction that is rolled
-    /// back, so the backlog is unchanged. Returns (rows fetched, elapsed).
+    /// One claim as the daemon's claim stage issues it (`claim_perspective_work`), for an
+    /// instance registered inside a transaction that is rolled back, so the backlog is unchanged.
+    /// Returns (rows claimed, elapsed).
     pub async fn timed_claim(
         &self,
         perspectives: &[String],
@@ -521,67 +521,35 @@ impl BenchStore {
         batch_size: i32,
     ) -> Result<(usize, Duration), StoreError> {
         let mut tx = self.pool().begin().await?;
-        let holder = Uuid::new_v4();
+        let holder = register_in(&mut tx).await?;
         let started = std::time::Instant::now();
-        let streams: Vec<Uuid> = sqlx::query_scalar(
-            "/* vantage-bench */ SELECT DISTINCT stream_id \
-             FROM claim_orphaned_perspective_events($1, 60, $2, $3, $4)",
+        let rows: i64 = sqlx::query_scalar(
+            "/* vantage-bench */ SELECT count(*) FROM claim_perspective_work($1, 60, $2, $3, $4)",
         )
         .bind(holder)
         .bind(max_streams)
         .bind(batch_size)
         .bind(perspectives)
-        .fetch_all(&mut *tx)
+        .fetch_one(&mut *tx)
         .await?;
-        let rows: i64 = if streams.is_empty() {
-            0
-        } else {
-            sqlx::query_scalar(
-                "/* vantage-bench */ SELECT count(*) FROM get_stream_events($1, $2, 60, $3, $4)",
-            )
-            .bind(holder)
-            .bind(&streams)
-            .bind(perspectives)
-            .bind(batch_size)
-            .fetch_one(&mut *tx)
-            .await?
-        };
         let elapsed = started.elapsed();
         tx.rollback().await?;
         Ok((rows as usize, elapsed))
     }
 
-    /// `EXPLAIN (ANALYZE, BUFFERS)` of one claim_orphaned_perspective_events call (rolled
-    /// back): the function scan's time and buffers include every statement inside it.
+    /// `EXPLAIN (ANALYZE, BUFFERS)` of one `claim_perspective_work` call (rolled back): the
+    /// function scan's buffers include every statement inside it.
     pub async fn explain_claim(
         &self,
         perspectives: &[String],
         max_streams: i32,
         batch_size: i32,
     ) -> Result<String, StoreError> {
-        self.explain(
-            "/* vantage-bench */ EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) SELECT * \
-             FROM claim_orphaned_perspective_events($1, 60, $2, $3, $4)",
-            perspectives,
-            max_streams,
-            batch_size,
-        )
-        .await
-    }
-
-    /// `EXPLAIN (ANALYZE, BUFFERS)` of the get_stream_events call that follows a claim, on the
-    /// streams the claim returned (both rolled back).
-    pub async fn explain_fetch(
-        &self,
-        perspectives: &[String],
-        max_streams: i32,
-        batch_size: i32,
-    ) -> Result<String, StoreError> {
         let mut tx = self.pool().begin().await?;
-        let holder = Uuid::new_v4();
-        let streams: Vec<Uuid> = sqlx::query_scalar(
-            "/* vantage-bench */ SELECT DISTINCT stream_id \
-             FROM claim_orphaned_perspective_events($1, 60, $2, $3, $4)",
+        let holder = register_in(&mut tx).await?;
+        let lines: Vec<String> = sqlx::query_scalar(
+            "/* vantage-bench */ EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) SELECT * \
+             FROM claim_perspective_work($1, 60, $2, $3, $4)",
         )
         .bind(holder)
         .bind(max_streams)
@@ -589,18 +557,8 @@ impl BenchStore {
         .bind(perspectives)
         .fetch_all(&mut *tx)
         .await?;
-        let lines: Vec<String> = sqlx::query_scalar(
-            "/* vantage-bench */ EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) SELECT * \
-             FROM get_stream_events($1, $2, 60, $3, $4)",
-        )
-        .bind(holder)
-        .bind(&streams)
-        .bind(perspectives)
-        .bind(batch_size)
-        .fetch_all(&mut *tx)
-        .await?;
         tx.rollback().await?;
-        Ok(format!("({} streams)\n{}", streams.len(), lines.join("\n")))
+        Ok(lines.join("\n"))
     }
 
     /// `EXPLAIN (ANALYZE, BUFFERS)` of the limit's lease statement (rolled back).
@@ -621,25 +579,6 @@ impl BenchStore {
         Ok(lines.join("\n"))
     }
 
-    async fn explain(
-        &self,
-        statement: &str,
-        perspectives: &[String],
-        max_streams: i32,
-        batch_size: i32,
-    ) -> Result<String, StoreError> {
-        let mut tx = self.pool().begin().await?;
-        let lines: Vec<String> = sqlx::query_scalar(statement)
-            .bind(Uuid::new_v4())
-            .bind(max_streams)
-            .bind(batch_size)
-            .bind(perspectives)
-            .fetch_all(&mut *tx)
-            .await?;
-        tx.rollback().await?;
-        Ok(lines.join("\n"))
-    }
-
     /// Opens a session that holds a snapshot (REPEATABLE READ, one read done) until the
     /// returned transaction is dropped: dead tuples newer than it cannot be pruned.
     pub async fn hold_snapshot(
@@ -654,4 +593,18 @@ impl BenchStore {
             .await?;
         Ok(tx)
     }
+}
+
+/// Registers a throwaway instance inside `tx` (claims lease only for registered instances).
+async fn register_in(tx: &mut sqlx::PgConnection) -> Result<Uuid, StoreError> {
+    let holder = Uuid::new_v4();
+    sqlx::query(
+        "/* vantage-bench */ INSERT INTO wh_service_instances \
+         (instance_id, service_name, host_name, process_id, version) \
+         VALUES ($1, 'vantage-bench', 'bench', 0, 'bench')",
+    )
+    .bind(holder)
+    .execute(&mut *tx)
+    .await?;
+    Ok(holder)
 }

@@ -51,6 +51,32 @@ fn lease_seconds(lease: Duration) -> i32 {
 }
 
 impl Store {
+    /// The daemon's claim: takes up to `max_lanes` due lanes from the lane index and leases the
+    /// claimable prefix of each (`max_rows` rows in all), returning the rows raw, ordered by
+    /// stream, perspective, stream_version (`claim_perspective_work`).
+    pub async fn claim_work(
+        &self,
+        instance: InstanceId,
+        lease: Duration,
+        max_lanes: u32,
+        max_rows: u32,
+        perspectives: Option<&[String]>,
+    ) -> Result<Vec<WorkRow>, StoreError> {
+        sqlx::query_as::<_, WorkRow>(
+            "SELECT event_work_id, stream_id, event_id, perspective_name, global_position, \
+                    stream_version, event_type, event_data, metadata, attempts, failures \
+             FROM claim_perspective_work($1, $2, $3, $4, $5)",
+        )
+        .bind(instance.0)
+        .bind(lease_seconds(lease))
+        .bind(max_lanes.min(i32::MAX as u32) as i32)
+        .bind(max_rows.min(i32::MAX as u32) as i32)
+        .bind(perspectives)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_db_error)
+    }
+
     /// Acquires lanes whose head is unowned and due, expired, or held by a dead instance.
     pub async fn claim_orphaned(
         &self,
