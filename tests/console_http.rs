@@ -1133,3 +1133,319 @@ async fn single_actions_are_the_clis_with_the_console_user_as_actor() {
         assert!(line.contains(&format!("outcome=\"{outcome}\"")), "{line}");
     }
 }
+
+/// The hidden `name`'s value in a form.
+fn hidden(body: &str, name: &str) -> String {
+    let needle = format!("name=\"{name}\" value=\"");
+    let start = body
+        .find(&needle)
+        .unwrap_or_else(|| panic!("no hidden {name}: {body}"))
+        + needle.len();
+    let end = start + body[start..].find('"').unwrap();
+    body[start..end].to_owned()
+}
+
+/// The confirmation form of a preview page, as the browser would send it.
+fn confirmation(body: &str, filter: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut fields = vec![
+        ("action".to_owned(), hidden(body, "action")),
+        ("count".to_owned(), hidden(body, "count")),
+        ("digest".to_owned(), hidden(body, "digest")),
+    ];
+    for (k, v) in filter {
+        assert_eq!(hidden(body, k), *v, "the form repeats the filter");
+        fields.push(((*k).to_owned(), (*v).to_owned()));
+    }
+    fields
+}
+
+async fn confirm(console: &Router, fields: &[(String, String)]) -> Response<Body> {
+    let fields: Vec<(&str, &str)> = fields
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let (response, body) = send(
+        console,
+        form_post("/bulk", &fields, &[("sec-fetch-site", "same-origin")]),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER, "{body}");
+    response
+}
+
+#[tokio::test]
+async fn a_bulk_requeue_previews_what_will_change_then_does_exactly_that() {
+    let env = with_dead_letters().await;
+    let console = open_console(&env);
+
+    // The list offers the bulk actions of its filter, and says they preview first.
+    let list = ok(get(&console, "/dead-letters?perspective=audit").await);
+    assert!(
+        list.contains("href=\"/bulk?action=requeue&amp;perspective=audit\""),
+        "{list}"
+    );
+    assert!(list.contains("at most 1000 per confirmation"), "{list}");
+    // Not for a list of closed ones.
+    let closed = ok(get(&console, "/dead-letters?status=purged").await);
+    assert!(!closed.contains("/bulk?"), "{closed}");
+
+    // The preview: the server's count, what exactly changes, the filter repeated; nothing done.
+    let preview = ok(get(&console, "/bulk?action=requeue&perspective=audit").await);
+    assert!(
+        preview.contains("<strong>2</strong> open dead letter(s) match now"),
+        "{preview}"
+    );
+    assert!(
+        preview.contains("This confirmation covers all 2 (positions 1 to 4)."),
+        "{preview}"
+    );
+    assert_eq!(positions(&preview, "audit"), vec![1, 4]);
+    assert!(positions(&preview, "order_summary").is_empty(), "{preview}");
+    assert!(
+        preview.contains("Requeue 2 dead letter(s)</button>"),
+        "{preview}"
+    );
+    assert_eq!(env.status_of("audit", 1).await, "exhausted");
+    let fields = confirmation(&preview, &[("perspective", "audit")]);
+    assert_eq!(fields[1].1, "2");
+
+    // Confirmed: both requeued, then the list of that filter with what was done.
+    let response = confirm(&console, &fields).await;
+    let to = location(&response);
+    assert!(
+        to.starts_with("/dead-letters?perspective=audit&flash="),
+        "{to}"
+    );
+    let page = ok(follow(&console, &response).await);
+    assert!(
+        page.contains("Requeued 2 of 2 dead-lettered event(s)."),
+        "{page}"
+    );
+    assert!(page.contains("0 matching dead letter(s)."), "{page}");
+    assert_eq!(env.status_of("audit", 1).await, "requeued");
+    assert_eq!(env.status_of("audit", 4).await, "requeued");
+    assert_eq!(env.status_of("order_summary", 2).await, "exhausted");
+    let (kind, _) = env.history_of("audit", 4).await.pop().unwrap();
+    assert_eq!(kind, "Requeued");
+
+    // Nothing left: the preview says so and offers no form.
+    let preview = ok(get(&console, "/bulk?action=requeue&perspective=audit").await);
+    assert!(preview.contains("No open dead letters match"), "{preview}");
+    assert!(!preview.contains("<form method=\"post\""), "{preview}");
+
+    // A bulk purge of the rest (no filter: every open one).
+    let preview = ok(get(&console, "/bulk?action=purge").await);
+    assert!(
+        preview.contains("<strong>2</strong> open dead letter(s) match now"),
+        "{preview}"
+    );
+    let response = confirm(&console, &confirmation(&preview, &[])).await;
+    let page = ok(follow(&console, &response).await);
+    assert!(
+        page.contains("Purged 2 of 2 dead-lettered event(s)."),
+        "{page}"
+    );
+    assert_eq!(env.status_of("legacy", 2).await, "purged");
+
+    // Bad requests: an unknown action, a filter on closed dead letters.
+    for uri in [
+        "/bulk?action=delete",
+        "/bulk?action=requeue&status=purged",
+        "/bulk?action=requeue&since=yesterday",
+    ] {
+        let (response, _) = get(&console, uri).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{uri}");
+        assert_secure(&response, uri);
+    }
+}
+
+#[tokio::test]
+async fn a_bulk_confirmation_is_refused_when_the_set_changed_since_the_preview() {
+    let env = with_dead_letters().await;
+    let console = open_console(&env);
+
+    let preview = ok(get(&console, "/bulk?action=requeue").await);
+    let fields = confirmation(&preview, &[]);
+    assert_eq!(fields[1].1, "4");
+
+    // Another operator purges one meanwhile: the count differs.
+    let id: uuid::Uuid = open_id(&env, "legacy", 2).await.parse().unwrap();
+    assert!(env
+        .store
+        .purge_dead_letter(id, "someone else")
+        .await
+        .unwrap());
+    let response = confirm(&console, &fields).await;
+    let to = location(&response);
+    assert!(to.starts_with("/bulk?action=requeue&flash="), "{to}");
+    let page = ok(follow(&console, &response).await);
+    assert!(
+        page.contains("The matching dead letters changed since the preview: 4 matched then, 3 match now. Nothing was done"),
+        "{page}"
+    );
+    // The new preview is shown, with the new count.
+    assert!(
+        page.contains("<strong>3</strong> open dead letter(s) match now"),
+        "{page}"
+    );
+    for (p, n) in [("order_summary", 2), ("audit", 1), ("audit", 4)] {
+        assert_eq!(env.status_of(p, n).await, "exhausted", "{p} {n}");
+    }
+
+    // The same count but not the same ones: one gone, another dead-lettered.
+    let fields = confirmation(&page, &[]);
+    let id: uuid::Uuid = open_id(&env, "audit", 1).await.parse().unwrap();
+    assert!(env
+        .store
+        .purge_dead_letter(id, "someone else")
+        .await
+        .unwrap());
+    env.dead_letter("order_summary", 1, "MaxAttemptsExceeded")
+        .await;
+    let response = confirm(&console, &fields).await;
+    let page = ok(follow(&console, &response).await);
+    assert!(
+        page.contains("changed since the preview: 3 match, as before, but not the same ones. Nothing was done"),
+        "{page}"
+    );
+    assert_eq!(env.status_of("order_summary", 1).await, "exhausted");
+    assert_eq!(env.status_of("audit", 4).await, "exhausted");
+}
+
+#[tokio::test]
+async fn a_bulk_action_covers_at_most_the_limit_and_says_so() {
+    let env = with_dead_letters().await;
+    let console = open_console(&env);
+    // 1000 more open dead letters of audit, positions 1001…2000 (copies of position 1's).
+    sqlx::query(
+        "INSERT INTO wh_dead_letters (dead_letter_id, source_table, source_id, stream_id, event_id, \
+             global_position, stream_version, event_type, perspective_name, failure_reason, \
+             error_text, attempts_when_dlq, failures_when_dlq) \
+         SELECT gen_random_uuid(), source_table, gen_random_uuid(), stream_id, gen_random_uuid(), \
+             1000 + g, stream_version, event_type, perspective_name, failure_reason, error_text, \
+             attempts_when_dlq, failures_when_dlq \
+         FROM wh_dead_letters, generate_series(1, 1000) g \
+         WHERE perspective_name = 'audit' AND global_position = 1",
+    )
+    .execute(env.store.pool())
+    .await
+    .unwrap();
+
+    let preview = ok(get(&console, "/bulk?action=purge&perspective=audit").await);
+    assert!(
+        preview.contains("<strong>1002</strong> open dead letter(s) match now"),
+        "{preview}"
+    );
+    assert!(
+        preview.contains("covers the <strong>1000</strong> with the lowest positions (1 to 1998): at most 1000 are changed per confirmation"),
+        "{preview}"
+    );
+    assert!(preview.contains("… and 975 more"), "{preview}");
+    assert_eq!(positions(&preview, "audit").len(), 25, "the sample");
+    let response = confirm(
+        &console,
+        &confirmation(&preview, &[("perspective", "audit")]),
+    )
+    .await;
+    let page = ok(follow(&console, &response).await);
+    assert!(
+        page.contains("Purged 1000 of 1000 dead-lettered event(s). 2 more match the filter (at most 1000 per confirmation); open the preview again"),
+        "{page}"
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM wh_dead_letters WHERE perspective_name = 'audit' AND status = 'exhausted'").await,
+        2
+    );
+    assert_eq!(
+        env.count("SELECT min(global_position) FROM wh_dead_letters WHERE perspective_name = 'audit' AND status = 'exhausted'").await,
+        1999
+    );
+}
+
+#[tokio::test]
+async fn read_only_mode_refuses_every_action_and_shows_no_button() {
+    let env = with_dead_letters().await;
+    let console = console_with(
+        &env,
+        &ConsoleSettings {
+            read_only: true,
+            ..ConsoleSettings::default()
+        },
+    );
+    let detail = ok(get(&console, "/dead-letters/1/audit").await);
+    assert!(!detail.contains("<form method=\"post\""), "{detail}");
+    assert!(!detail.contains("<button"), "{detail}");
+    let list = ok(get(&console, "/dead-letters").await);
+    assert!(!list.contains("/bulk?"), "{list}");
+
+    let (response, body) = get(&console, "/bulk?action=requeue").await;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN, "{body}");
+    assert!(body.contains("read-only"), "{body}");
+    let id = open_id(&env, "audit", 1).await;
+    for request in [
+        form_post(
+            "/actions",
+            &[
+                ("action", "requeue"),
+                ("dead_letter_id", &id),
+                ("position", "1"),
+                ("perspective", "audit"),
+            ],
+            &[("sec-fetch-site", "same-origin")],
+        ),
+        form_post(
+            "/bulk",
+            &[("action", "requeue"), ("count", "4"), ("digest", "x")],
+            &[("sec-fetch-site", "same-origin")],
+        ),
+    ] {
+        let (response, body) = send(&console, request).await;
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{body}");
+        assert!(body.contains("read-only"), "{body}");
+        assert_secure(&response, "read-only");
+    }
+    assert_eq!(env.status_of("audit", 1).await, "exhausted");
+}
+
+#[tokio::test]
+async fn actions_need_credentials_and_name_the_user_in_the_history() {
+    let env = with_dead_letters().await;
+    let console = console_with(
+        &env,
+        &ConsoleSettings {
+            basic_user: Some("ops".into()),
+            basic_password: Some(Secret::new("pw")),
+            ..ConsoleSettings::default()
+        },
+    );
+    let id = open_id(&env, "audit", 1).await;
+    let fields = [
+        ("action", "purge"),
+        ("dead_letter_id", id.as_str()),
+        ("position", "1"),
+        ("perspective", "audit"),
+    ];
+    let (response, _) = send(&console, form_post("/actions", &fields, &[])).await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let (response, _) = get(&console, "/bulk?action=purge").await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(env.status_of("audit", 1).await, "exhausted");
+
+    let basic = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode("ops:pw")
+    );
+    let (response, _) = send(
+        &console,
+        form_post("/actions", &fields, &[("authorization", basic.as_str())]),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(env.status_of("audit", 1).await, "purged");
+    let actor: String =
+        sqlx::query_scalar("SELECT actor FROM wh_dead_letter_history WHERE kind = 'Purged'")
+            .fetch_one(env.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(actor, "console user ops");
+}
