@@ -1449,3 +1449,51 @@ async fn actions_need_credentials_and_name_the_user_in_the_history() {
             .unwrap();
     assert_eq!(actor, "console user ops");
 }
+
+#[tokio::test]
+async fn credentials_can_come_from_files_and_are_never_shown() {
+    let env = Env::new().await;
+    const TOKEN: &str = "tok-5e0c-from-a-file";
+    let token_file = env.dir.path().join("console-token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let mut check = base_command();
+    check
+        .args(["--config"])
+        .arg(&env.config)
+        .args(["config", "check"])
+        .env("VANTAGE__CONSOLE__LISTEN", "0.0.0.0:9465")
+        .env("VANTAGE__CONSOLE__AUTH_TOKEN_FILE", &token_file);
+    let run = finish(check).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        !run.stdout.contains(TOKEN) && !run.stderr.contains(TOKEN),
+        "{run:?}"
+    );
+    assert!(
+        run.stdout
+            .contains(&format!("auth_token_file = \"{}\"", token_file.display())),
+        "{run:?}"
+    );
+
+    let settings = Settings::load(&vantage::config::LoadOptions {
+        config_path: Some(env.config.clone()),
+        overrides: vec![(
+            "console.auth_token_file".into(),
+            token_file.display().to_string(),
+        )],
+        ..Default::default()
+    })
+    .unwrap();
+    let console = console::router(ConsoleState::new(
+        env.store.with_statement_timeout(console::STATEMENT_TIMEOUT),
+        &settings,
+    ));
+    let (response, _) = get(&console, "/").await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let request = Request::get("/")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let (response, body) = send(&console, request).await;
+    assert_eq!(response.status(), StatusCode::OK, "{body}");
+}

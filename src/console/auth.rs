@@ -40,11 +40,11 @@ impl Credentials {
     /// From the `[console]` settings.
     pub fn from_settings(settings: &ConsoleSettings) -> Self {
         Credentials {
-            token: settings.auth_token.clone(),
+            token: settings.token().cloned(),
             basic: settings
                 .basic_user
                 .clone()
-                .zip(settings.basic_password.clone()),
+                .zip(settings.password().cloned()),
         }
     }
 
