@@ -241,7 +241,7 @@ pub struct ActionsView {
     pub replay_warning: String,
     /// Why replay cannot run here (no handler in this configuration), if so.
     pub replay_unavailable: Option<String>,
-    /// The purge question's text without the `[y/N]`.
+    /// What a purge does.
     pub purge_note: String,
 }
 

@@ -335,6 +335,31 @@ impl Browser {
             .collect()
     }
 
+    /// Sizes the window so that the page itself (the viewport) is [`WINDOW`]: the window's
+    /// frame (whatever it is in this browser) is measured and added.
+    async fn fit_viewport(&self) {
+        let viewport = || async {
+            let size = self
+                .client
+                .execute("return [window.innerWidth, window.innerHeight];", vec![])
+                .await
+                .expect("the viewport's size");
+            let at = |i: usize| size[i].as_u64().unwrap_or(0) as u32;
+            (at(0), at(1))
+        };
+        let (width, height) = self.client.get_window_size().await.expect("window size");
+        let (inner_width, inner_height) = viewport().await;
+        let frame = (
+            (width as u32).saturating_sub(inner_width),
+            (height as u32).saturating_sub(inner_height),
+        );
+        self.client
+            .set_window_size(WINDOW.0 + frame.0, WINDOW.1 + frame.1)
+            .await
+            .expect("resize the window");
+        assert_eq!(viewport().await, WINDOW, "the viewport after resizing");
+    }
+
     /// Saves a PNG of the window at `path`.
     pub async fn screenshot(&self, path: &Path) {
         let png = self.client.screenshot().await.expect("a screenshot");
@@ -352,9 +377,13 @@ where
     let driver = Driver::start().await;
     let client = driver.connect().await;
     let for_cleanup = client.clone();
-    let outcome = AssertUnwindSafe(body(Browser { client }))
-        .catch_unwind()
-        .await;
+    let browser = Browser { client };
+    let outcome = AssertUnwindSafe(async move {
+        browser.fit_viewport().await;
+        body(browser).await
+    })
+    .catch_unwind()
+    .await;
     // Close the session (the browser exits) even when the body failed.
     let _ = tokio::time::timeout(Duration::from_secs(10), for_cleanup.close()).await;
     drop(driver);

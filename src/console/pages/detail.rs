@@ -49,13 +49,12 @@ pub async fn show(
 
     let actions = (!state.read_only() && dl.status == "exhausted").then(|| {
         let (n, p) = (dl.global_position, dl.perspective_name.as_str());
-        let purge = msg::purge_prompt(n);
         ActionsView {
             dead_letter_id: dl.dead_letter_id.to_string(),
             replay_warning: msg::replay_warning(p, n),
             replay_unavailable: (!state.perspectives().iter().any(|s| s.name == p))
                 .then(|| msg::no_handler(p, n)),
-            purge_note: purge.trim_end_matches(" [y/N]").to_owned(),
+            purge_note: "Closes it for good without running anything; a terminal record is kept in the history.".to_owned(),
         }
     });
     let page = DetailPage {
