@@ -7,8 +7,8 @@
 //! `WWW-Authenticate` challenge for each configured scheme (basic first, so a browser asks
 //! for a user and password). The secrets are never logged, echoed or put in a page.
 //!
-//! A request that passes carries a [`ConsoleUser`] extension: the actor the action pages will
-//! write in the dead-letter history.
+//! A request that passes carries a [`ConsoleUser`] extension: the actor the action pages write
+//! in the dead-letter history and the audit log.
 
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};

@@ -1,6 +1,6 @@
 //! The operator console (SPEC §4.4): server-rendered pages on `console.listen`.
 //!
-//! What is here so far (the read side):
+//! The routes:
 //! - `GET /` — the overview ([`pages::overview`]): per perspective pending, leased, parked, open
 //!   dead letters and the oldest pending age, then the live instances; it refreshes itself
 //!   every [`REFRESH_SECONDS`] with a `<meta http-equiv="refresh">`, paused by `?refresh=off`;
