@@ -10,7 +10,9 @@
 //! - [`perspective`]: the `Perspective` trait, SQL perspectives from configuration, the registry;
 //! - [`daemon`]: the runtime, background loops and graceful shutdown;
 //! - [`telemetry`]: metric names, logging, the small HTTP surface;
+//! - [`dlq`]: the operator's actions on dead letters, shared by the CLI and the console;
 //! - [`cli`]: the operator commands;
+//! - [`console`]: the operator console in a browser;
 //! - [`config`]: settings, defaults < file < environment < flags;
 //! - [`throwaway`]: a disposable local PostgreSQL for the demo and the tests.
 
@@ -19,6 +21,7 @@ pub mod cli;
 pub mod config;
 pub mod console;
 pub mod daemon;
+pub mod dlq;
 pub mod perspective;
 pub mod pipeline;
 pub mod store;

@@ -17,10 +17,22 @@ use vantage::console::{self, security, ConsoleState};
 
 use cli_support::{base_command, finish, seeded, Env};
 
+/// The test's configuration file (its perspectives are the handlers a replay runs) with
+/// `console` as the `[console]` section.
+fn settings_with(env: &Env, console: &ConsoleSettings) -> Settings {
+    let mut settings = Settings::load(&vantage::config::LoadOptions {
+        config_path: Some(env.config.clone()),
+        ..Default::default()
+    })
+    .expect("the test configuration loads");
+    settings.console = console.clone();
+    settings
+}
+
 /// The console over the test's database with `settings`.
 fn console_with(env: &Env, settings: &ConsoleSettings) -> Router {
     let store = env.store.with_statement_timeout(console::STATEMENT_TIMEOUT);
-    console::router(ConsoleState::new(store, settings))
+    console::router(ConsoleState::new(store, &settings_with(env, settings)))
 }
 
 fn open_console(env: &Env) -> Router {
@@ -50,6 +62,21 @@ async fn send(router: &Router, request: Request<Body>) -> (Response<Body>, Strin
 
 async fn get(router: &Router, uri: &str) -> (Response<Body>, String) {
     send(router, Request::get(uri).body(Body::empty()).unwrap()).await
+}
+
+/// The `Location` of a 303.
+#[track_caller]
+fn location(response: &Response<Body>) -> String {
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    response.headers()[header::LOCATION]
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// GET the `Location` of a 303, as a browser follows it.
+async fn follow(router: &Router, response: &Response<Body>) -> (Response<Body>, String) {
+    get(router, &location(response)).await
 }
 
 /// GET that must answer 200; returns the body.
@@ -374,17 +401,45 @@ async fn every_response_carries_the_security_headers_and_no_cors() {
     assert_secure(&response, "a CORS preflight");
 }
 
-fn post(headers: &[(&str, &str)]) -> Request<Body> {
-    let mut request = Request::post("/actions").header(header::HOST, "127.0.0.1:9465");
+/// A form POST to `uri` from the console's own page (as a browser sends it).
+fn form_post(uri: &str, fields: &[(&str, &str)], headers: &[(&str, &str)]) -> Request<Body> {
+    let body = url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(fields)
+        .finish();
+    let mut request = Request::post(uri)
+        .header(header::HOST, "127.0.0.1:9465")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
-    request.body(Body::empty()).unwrap()
+    request.body(Body::from(body)).unwrap()
+}
+
+/// A POST of the purge of dead letter `id` (audit, position 1) with these headers.
+fn post_with(id: &str, headers: &[(&str, &str)]) -> Request<Body> {
+    form_post(
+        "/actions",
+        &[
+            ("action", "purge"),
+            ("dead_letter_id", id),
+            ("position", "1"),
+            ("perspective", "audit"),
+        ],
+        headers,
+    )
+}
+
+fn post(headers: &[(&str, &str)]) -> Request<Body> {
+    post_with(&uuid::Uuid::nil().to_string(), headers)
 }
 
 #[tokio::test]
 async fn a_cross_site_post_is_refused_with_403() {
-    let env = Env::new().await;
+    let env = seeded().await;
+    let id = env
+        .dead_letter("audit", 1, "MaxAttemptsExceeded")
+        .await
+        .to_string();
     let console = open_console(&env);
     for headers in [
         &[("sec-fetch-site", "cross-site")][..],
@@ -392,7 +447,7 @@ async fn a_cross_site_post_is_refused_with_403() {
         &[("origin", "http://evil.example")][..],
         &[("origin", "null")][..],
     ] {
-        let (response, body) = send(&console, post(headers)).await;
+        let (response, body) = send(&console, post_with(&id, headers)).await;
         assert_eq!(
             response.status(),
             StatusCode::FORBIDDEN,
@@ -400,8 +455,10 @@ async fn a_cross_site_post_is_refused_with_403() {
         );
         assert!(body.contains("Cross-site request refused"), "{body}");
         assert_secure(&response, "a refused POST");
+        assert_eq!(env.status_of("audit", 1).await, "exhausted", "nothing done");
     }
-    // Same origin passes the check and reaches the placeholder, which does nothing.
+    // Same origin passes the check and reaches the action (here on a dead letter that does
+    // not exist, which it says on the page it redirects to).
     for headers in [
         &[("sec-fetch-site", "same-origin")][..],
         &[("origin", "http://127.0.0.1:9465")][..],
@@ -410,11 +467,16 @@ async fn a_cross_site_post_is_refused_with_403() {
         let (response, body) = send(&console, post(headers)).await;
         assert_eq!(
             response.status(),
-            StatusCode::NOT_IMPLEMENTED,
+            StatusCode::SEE_OTHER,
             "{headers:?}: {body}"
         );
-        assert!(body.contains("Nothing was done."), "{body}");
+        let body = ok(follow(&console, &response).await);
+        assert!(
+            body.contains("No dead-lettered event at position 1."),
+            "{body}"
+        );
     }
+    assert_eq!(env.status_of("audit", 1).await, "exhausted");
     // Read-only: refused whatever the origin.
     let read_only = console_with(
         &env,
@@ -423,9 +485,14 @@ async fn a_cross_site_post_is_refused_with_403() {
             ..ConsoleSettings::default()
         },
     );
-    let (response, body) = send(&read_only, post(&[("sec-fetch-site", "same-origin")])).await;
+    let (response, body) = send(
+        &read_only,
+        post_with(&id, &[("sec-fetch-site", "same-origin")]),
+    )
+    .await;
     assert_eq!(response.status(), StatusCode::FORBIDDEN);
     assert!(body.contains("read-only"), "{body}");
+    assert_eq!(env.status_of("audit", 1).await, "exhausted");
     assert!(ok(get(&read_only, "/").await).contains("<span class=\"badge\">read-only</span>"));
 }
 
@@ -591,7 +658,7 @@ async fn serves_over_a_socket_until_shutdown() {
     let stop = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(console::serve(
         listener,
-        ConsoleState::new(store, &ConsoleSettings::default()),
+        ConsoleState::new(store, &settings_with(&env, &ConsoleSettings::default())),
         stop.clone(),
     ));
     let mut stream = tokio::net::TcpStream::connect(local).await.unwrap();
@@ -637,7 +704,7 @@ async fn a_connection_that_sends_nothing_is_closed_after_the_head_timeout() {
     let stop = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(console::serve(
         listener,
-        ConsoleState::new(store, &ConsoleSettings::default()),
+        ConsoleState::new(store, &settings_with(&env, &ConsoleSettings::default())),
         stop.clone(),
     ));
     let mut silent = tokio::net::TcpStream::connect(local).await.unwrap();
@@ -803,4 +870,630 @@ async fn config_check_shows_the_console_keys_with_secrets_redacted() {
     assert_eq!(s.console.auth_token.as_ref().unwrap().expose(), TOKEN);
     // The redacted TOML parses back.
     assert!(Settings::from_toml_str(&s.redacted_toml()).is_ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Actions: the CLI's operations, single and bulk
+
+/// The id of the open dead letter of (`perspective`, `position`).
+async fn open_id(env: &Env, perspective: &str, position: i64) -> String {
+    let id: uuid::Uuid = sqlx::query_scalar(
+        "SELECT dead_letter_id FROM wh_dead_letters \
+         WHERE perspective_name = $1 AND global_position = $2",
+    )
+    .bind(perspective)
+    .bind(position)
+    .fetch_one(env.store.pool())
+    .await
+    .unwrap();
+    id.to_string()
+}
+
+/// POSTs the single action's form as the detail page sends it; returns the 303 and the page
+/// it leads to.
+async fn act(
+    console: &Router,
+    env: &Env,
+    action: &str,
+    perspective: &str,
+    position: i64,
+) -> (String, String) {
+    let id = open_id(env, perspective, position).await;
+    let position = position.to_string();
+    let (response, body) = send(
+        console,
+        form_post(
+            "/actions",
+            &[
+                ("action", action),
+                ("dead_letter_id", &id),
+                ("position", &position),
+                ("perspective", perspective),
+            ],
+            &[("sec-fetch-site", "same-origin")],
+        ),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER, "{body}");
+    assert_secure(&response, "a 303");
+    let to = location(&response);
+    let page = ok(follow(console, &response).await);
+    (to, page)
+}
+
+/// HTML-escaped as askama writes it.
+fn escaped(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('\'', "&#x27;")
+        .replace('"', "&quot;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// Every `tracing` line written while the guard lives, for the audit lines.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn start() -> (Captured, tracing::subscriber::DefaultGuard) {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        (captured, tracing::subscriber::set_default(subscriber))
+    }
+
+    fn audit_lines(&self) -> Vec<String> {
+        String::from_utf8(self.0.lock().unwrap().clone())
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(console::AUDIT_TARGET))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn single_actions_are_the_clis_with_the_console_user_as_actor() {
+    let (captured, _guard) = Captured::start();
+    let env = with_dead_letters().await;
+    let console = open_console(&env);
+    const ACTOR: &str = "console (no authentication)";
+
+    // The detail page of an open dead letter offers the three actions, with the CLI's warning.
+    let detail = ok(get(&console, "/dead-letters/1/audit").await);
+    for action in ["requeue", "replay", "purge"] {
+        assert!(
+            detail.contains(&format!("name=\"action\" value=\"{action}\"")),
+            "{detail}"
+        );
+    }
+    assert!(
+        detail.contains(&escaped(&vantage::dlq::msg::replay_warning("audit", 1))),
+        "{detail}"
+    );
+
+    // Requeue: the CLI's message, the history row, the work row back.
+    let (to, page) = act(&console, &env, "requeue", "audit", 1).await;
+    assert!(to.starts_with("/dead-letters/1/audit?flash="), "{to}");
+    assert!(
+        page.contains(&escaped("Requeued position 1 of 'audit'.")),
+        "{page}"
+    );
+    assert_eq!(env.status_of("audit", 1).await, "requeued");
+    assert_eq!(
+        env.count("SELECT count(*) FROM wh_perspective_events WHERE perspective_name = 'audit' AND global_position = 1").await,
+        1
+    );
+    let actors: Vec<String> = sqlx::query_scalar(
+        "SELECT h.actor FROM wh_dead_letter_history h JOIN wh_dead_letters d USING (dead_letter_id) \
+         WHERE d.perspective_name = 'audit' AND d.global_position = 1 AND h.kind = 'Requeued'",
+    )
+    .fetch_all(env.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(actors, vec![ACTOR.to_owned()]);
+    // The page no longer offers actions on it.
+    assert!(!page.contains("name=\"action\""), "{page}");
+
+    // The same form again: the CLI's lost race, nothing done.
+    let (_, page) = act(&console, &env, "requeue", "audit", 1).await;
+    assert!(
+        page.contains(&escaped(&vantage::dlq::msg::race(1))),
+        "{page}"
+    );
+    assert_eq!(env.history_of("audit", 1).await.len(), 2, "no new history");
+
+    // Replay through the handler: the poison total fails again, and it stays dead-lettered.
+    let (_, page) = act(&console, &env, "replay", "order_summary", 2).await;
+    assert!(
+        page.contains("Replay of position 2 failed again: "),
+        "{page}"
+    );
+    assert!(page.contains("It stays dead-lettered."), "{page}");
+    assert_eq!(env.status_of("order_summary", 2).await, "exhausted");
+    let kinds: Vec<String> = env
+        .history_of("order_summary", 2)
+        .await
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(kinds, vec!["Exhausted", "ReplayFailed"]);
+    // Fixed in the store, replayed again: resolved, the read model written.
+    sqlx::query("UPDATE wh_event_store SET event_data = jsonb_set(event_data, '{total}', '\"2.5\"') WHERE global_position = 2")
+        .execute(env.store.pool())
+        .await
+        .unwrap();
+    let (_, page) = act(&console, &env, "replay", "order_summary", 2).await;
+    assert!(
+        page.contains(&escaped(
+            "Replayed position 2 through 'order_summary': resolved."
+        )),
+        "{page}"
+    );
+    assert_eq!(env.status_of("order_summary", 2).await, "resolved");
+    assert_eq!(
+        env.count("SELECT count(*) FROM public.order_summary WHERE total = 2.5")
+            .await,
+        1
+    );
+
+    // Replay refuses what it cannot run, as the CLI does: no statement for the type…
+    let (_, page) = act(&console, &env, "replay", "audit", 4).await;
+    assert!(
+        page.contains(&escaped("Perspective 'audit' has no statement for event type 'OrderShipped' in this configuration; cannot replay position 4.")),
+        "{page}"
+    );
+    assert_eq!(env.status_of("audit", 4).await, "exhausted");
+    // … and no handler at all (the page says so and disables the button).
+    let detail = ok(get(&console, "/dead-letters/2/legacy").await);
+    let no_handler = escaped(
+        "Perspective 'legacy' has no handler in this configuration; cannot replay position 2.",
+    );
+    assert!(detail.contains(&no_handler), "{detail}");
+    assert!(detail.contains("disabled>Replay</button>"), "{detail}");
+    let (_, page) = act(&console, &env, "replay", "legacy", 2).await;
+    assert!(page.contains(&no_handler), "{page}");
+    assert_eq!(env.status_of("legacy", 2).await, "exhausted");
+
+    // Purge needs no handler.
+    let (_, page) = act(&console, &env, "purge", "legacy", 2).await;
+    assert!(page.contains("Purged position 2."), "{page}");
+    assert_eq!(env.status_of("legacy", 2).await, "purged");
+    let kinds: Vec<(String, Option<String>)> = env.history_of("legacy", 2).await;
+    assert_eq!(kinds.last().unwrap().0, "Purged");
+
+    // A form naming another dead letter than the position's: nothing done.
+    let (response, _) = send(
+        &console,
+        form_post(
+            "/actions",
+            &[
+                ("action", "purge"),
+                ("dead_letter_id", &open_id(&env, "audit", 4).await),
+                ("position", "2"),
+                ("perspective", "order_summary"),
+            ],
+            &[],
+        ),
+    )
+    .await;
+    let page = ok(follow(&console, &response).await);
+    assert!(
+        page.contains("No dead-lettered event at position 2."),
+        "{page}"
+    );
+    assert_eq!(env.status_of("audit", 4).await, "exhausted");
+    // An unknown action is a 400.
+    let (response, body) = send(
+        &console,
+        form_post(
+            "/actions",
+            &[
+                ("action", "delete"),
+                ("dead_letter_id", &open_id(&env, "audit", 4).await),
+                ("position", "4"),
+                ("perspective", "audit"),
+            ],
+            &[],
+        ),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{body}");
+
+    // One audit line per action, naming the actor, the action, the dead letter, the outcome.
+    let lines = captured.audit_lines();
+    // (The form naming no such dead letter changed nothing and is not a mutation.)
+    assert_eq!(lines.len(), 7, "{lines:#?}");
+    for (line, (action, outcome)) in lines.iter().zip([
+        ("requeue", "requeued"),
+        ("requeue", "no_longer_dead_lettered"),
+        ("replay", "replay_failed"),
+        ("replay", "resolved"),
+        ("replay", "refused"),
+        ("replay", "refused"),
+        ("purge", "purged"),
+    ]) {
+        assert!(line.contains(" INFO "), "{line}");
+        assert!(line.contains(&format!("actor={ACTOR}")), "{line}");
+        assert!(line.contains(&format!("action=\"{action}\"")), "{line}");
+        assert!(line.contains(&format!("outcome=\"{outcome}\"")), "{line}");
+    }
+}
+
+/// The hidden `name`'s value in a form.
+fn hidden(body: &str, name: &str) -> String {
+    let needle = format!("name=\"{name}\" value=\"");
+    let start = body
+        .find(&needle)
+        .unwrap_or_else(|| panic!("no hidden {name}: {body}"))
+        + needle.len();
+    let end = start + body[start..].find('"').unwrap();
+    body[start..end].to_owned()
+}
+
+/// The confirmation form of a preview page, as the browser would send it.
+fn confirmation(body: &str, filter: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut fields = vec![
+        ("action".to_owned(), hidden(body, "action")),
+        ("count".to_owned(), hidden(body, "count")),
+        ("digest".to_owned(), hidden(body, "digest")),
+    ];
+    for (k, v) in filter {
+        assert_eq!(hidden(body, k), *v, "the form repeats the filter");
+        fields.push(((*k).to_owned(), (*v).to_owned()));
+    }
+    fields
+}
+
+async fn confirm(console: &Router, fields: &[(String, String)]) -> Response<Body> {
+    let fields: Vec<(&str, &str)> = fields
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let (response, body) = send(
+        console,
+        form_post("/bulk", &fields, &[("sec-fetch-site", "same-origin")]),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER, "{body}");
+    response
+}
+
+#[tokio::test]
+async fn a_bulk_requeue_previews_what_will_change_then_does_exactly_that() {
+    let env = with_dead_letters().await;
+    let console = open_console(&env);
+
+    // The list offers the bulk actions of its filter, and says they preview first.
+    let list = ok(get(&console, "/dead-letters?perspective=audit").await);
+    assert!(
+        list.contains("href=\"/bulk?action=requeue&amp;perspective=audit\""),
+        "{list}"
+    );
+    assert!(list.contains("at most 1000 per confirmation"), "{list}");
+    // Not for a list of closed ones.
+    let closed = ok(get(&console, "/dead-letters?status=purged").await);
+    assert!(!closed.contains("/bulk?"), "{closed}");
+
+    // The preview: the server's count, what exactly changes, the filter repeated; nothing done.
+    let preview = ok(get(&console, "/bulk?action=requeue&perspective=audit").await);
+    assert!(
+        preview.contains("<strong>2</strong> open dead letter(s) match now"),
+        "{preview}"
+    );
+    assert!(
+        preview.contains("This confirmation covers all 2 (positions 1 to 4)."),
+        "{preview}"
+    );
+    assert_eq!(positions(&preview, "audit"), vec![1, 4]);
+    assert!(positions(&preview, "order_summary").is_empty(), "{preview}");
+    assert!(
+        preview.contains("Requeue 2 dead letter(s)</button>"),
+        "{preview}"
+    );
+    assert_eq!(env.status_of("audit", 1).await, "exhausted");
+    let fields = confirmation(&preview, &[("perspective", "audit")]);
+    assert_eq!(fields[1].1, "2");
+
+    // Confirmed: both requeued, then the list of that filter with what was done.
+    let response = confirm(&console, &fields).await;
+    let to = location(&response);
+    assert!(
+        to.starts_with("/dead-letters?perspective=audit&flash="),
+        "{to}"
+    );
+    let page = ok(follow(&console, &response).await);
+    assert!(
+        page.contains("Requeued 2 of 2 dead-lettered event(s)."),
+        "{page}"
+    );
+    assert!(page.contains("0 matching dead letter(s)."), "{page}");
+    assert_eq!(env.status_of("audit", 1).await, "requeued");
+    assert_eq!(env.status_of("audit", 4).await, "requeued");
+    assert_eq!(env.status_of("order_summary", 2).await, "exhausted");
+    let (kind, _) = env.history_of("audit", 4).await.pop().unwrap();
+    assert_eq!(kind, "Requeued");
+
+    // Nothing left: the preview says so and offers no form.
+    let preview = ok(get(&console, "/bulk?action=requeue&perspective=audit").await);
+    assert!(preview.contains("No open dead letters match"), "{preview}");
+    assert!(!preview.contains("<form method=\"post\""), "{preview}");
+
+    // A bulk purge of the rest (no filter: every open one).
+    let preview = ok(get(&console, "/bulk?action=purge").await);
+    assert!(
+        preview.contains("<strong>2</strong> open dead letter(s) match now"),
+        "{preview}"
+    );
+    let response = confirm(&console, &confirmation(&preview, &[])).await;
+    let page = ok(follow(&console, &response).await);
+    assert!(
+        page.contains("Purged 2 of 2 dead-lettered event(s)."),
+        "{page}"
+    );
+    assert_eq!(env.status_of("legacy", 2).await, "purged");
+
+    // Bad requests: an unknown action, a filter on closed dead letters.
+    for uri in [
+        "/bulk?action=delete",
+        "/bulk?action=requeue&status=purged",
+        "/bulk?action=requeue&since=yesterday",
+    ] {
+        let (response, _) = get(&console, uri).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{uri}");
+        assert_secure(&response, uri);
+    }
+}
+
+#[tokio::test]
+async fn a_bulk_confirmation_is_refused_when_the_set_changed_since_the_preview() {
+    let env = with_dead_letters().await;
+    let console = open_console(&env);
+
+    let preview = ok(get(&console, "/bulk?action=requeue").await);
+    let fields = confirmation(&preview, &[]);
+    assert_eq!(fields[1].1, "4");
+
+    // Another operator purges one meanwhile: the count differs.
+    let id: uuid::Uuid = open_id(&env, "legacy", 2).await.parse().unwrap();
+    assert!(env
+        .store
+        .purge_dead_letter(id, "someone else")
+        .await
+        .unwrap());
+    let response = confirm(&console, &fields).await;
+    let to = location(&response);
+    assert!(to.starts_with("/bulk?action=requeue&flash="), "{to}");
+    let page = ok(follow(&console, &response).await);
+    assert!(
+        page.contains("The matching dead letters changed since the preview: 4 matched then, 3 match now. Nothing was done"),
+        "{page}"
+    );
+    // The new preview is shown, with the new count.
+    assert!(
+        page.contains("<strong>3</strong> open dead letter(s) match now"),
+        "{page}"
+    );
+    for (p, n) in [("order_summary", 2), ("audit", 1), ("audit", 4)] {
+        assert_eq!(env.status_of(p, n).await, "exhausted", "{p} {n}");
+    }
+
+    // The same count but not the same ones: one gone, another dead-lettered.
+    let fields = confirmation(&page, &[]);
+    let id: uuid::Uuid = open_id(&env, "audit", 1).await.parse().unwrap();
+    assert!(env
+        .store
+        .purge_dead_letter(id, "someone else")
+        .await
+        .unwrap());
+    env.dead_letter("order_summary", 1, "MaxAttemptsExceeded")
+        .await;
+    let response = confirm(&console, &fields).await;
+    let page = ok(follow(&console, &response).await);
+    assert!(
+        page.contains("changed since the preview: 3 match, as before, but not the same ones. Nothing was done"),
+        "{page}"
+    );
+    assert_eq!(env.status_of("order_summary", 1).await, "exhausted");
+    assert_eq!(env.status_of("audit", 4).await, "exhausted");
+}
+
+#[tokio::test]
+async fn a_bulk_action_covers_at_most_the_limit_and_says_so() {
+    let env = with_dead_letters().await;
+    let console = open_console(&env);
+    // 1000 more open dead letters of audit, positions 1001…2000 (copies of position 1's).
+    sqlx::query(
+        "INSERT INTO wh_dead_letters (dead_letter_id, source_table, source_id, stream_id, event_id, \
+             global_position, stream_version, event_type, perspective_name, failure_reason, \
+             error_text, attempts_when_dlq, failures_when_dlq) \
+         SELECT gen_random_uuid(), source_table, gen_random_uuid(), stream_id, gen_random_uuid(), \
+             1000 + g, stream_version, event_type, perspective_name, failure_reason, error_text, \
+             attempts_when_dlq, failures_when_dlq \
+         FROM wh_dead_letters, generate_series(1, 1000) g \
+         WHERE perspective_name = 'audit' AND global_position = 1",
+    )
+    .execute(env.store.pool())
+    .await
+    .unwrap();
+
+    let preview = ok(get(&console, "/bulk?action=purge&perspective=audit").await);
+    assert!(
+        preview.contains("<strong>1002</strong> open dead letter(s) match now"),
+        "{preview}"
+    );
+    assert!(
+        preview.contains("covers the <strong>1000</strong> with the lowest positions (1 to 1998): at most 1000 are changed per confirmation"),
+        "{preview}"
+    );
+    assert!(preview.contains("… and 975 more"), "{preview}");
+    assert_eq!(positions(&preview, "audit").len(), 25, "the sample");
+    let response = confirm(
+        &console,
+        &confirmation(&preview, &[("perspective", "audit")]),
+    )
+    .await;
+    let page = ok(follow(&console, &response).await);
+    assert!(
+        page.contains("Purged 1000 of 1000 dead-lettered event(s). 2 more match the filter (at most 1000 per confirmation); open the preview again"),
+        "{page}"
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM wh_dead_letters WHERE perspective_name = 'audit' AND status = 'exhausted'").await,
+        2
+    );
+    assert_eq!(
+        env.count("SELECT min(global_position) FROM wh_dead_letters WHERE perspective_name = 'audit' AND status = 'exhausted'").await,
+        1999
+    );
+}
+
+#[tokio::test]
+async fn read_only_mode_refuses_every_action_and_shows_no_button() {
+    let env = with_dead_letters().await;
+    let console = console_with(
+        &env,
+        &ConsoleSettings {
+            read_only: true,
+            ..ConsoleSettings::default()
+        },
+    );
+    let detail = ok(get(&console, "/dead-letters/1/audit").await);
+    assert!(!detail.contains("<form method=\"post\""), "{detail}");
+    assert!(!detail.contains("<button"), "{detail}");
+    let list = ok(get(&console, "/dead-letters").await);
+    assert!(!list.contains("/bulk?"), "{list}");
+
+    let (response, body) = get(&console, "/bulk?action=requeue").await;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN, "{body}");
+    assert!(body.contains("read-only"), "{body}");
+    let id = open_id(&env, "audit", 1).await;
+    for request in [
+        form_post(
+            "/actions",
+            &[
+                ("action", "requeue"),
+                ("dead_letter_id", &id),
+                ("position", "1"),
+                ("perspective", "audit"),
+            ],
+            &[("sec-fetch-site", "same-origin")],
+        ),
+        form_post(
+            "/bulk",
+            &[("action", "requeue"), ("count", "4"), ("digest", "x")],
+            &[("sec-fetch-site", "same-origin")],
+        ),
+    ] {
+        let (response, body) = send(&console, request).await;
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{body}");
+        assert!(body.contains("read-only"), "{body}");
+        assert_secure(&response, "read-only");
+    }
+    assert_eq!(env.status_of("audit", 1).await, "exhausted");
+}
+
+#[tokio::test]
+async fn actions_need_credentials_and_name_the_user_in_the_history() {
+    let env = with_dead_letters().await;
+    let console = console_with(
+        &env,
+        &ConsoleSettings {
+            basic_user: Some("ops".into()),
+            basic_password: Some(Secret::new("pw")),
+            ..ConsoleSettings::default()
+        },
+    );
+    let id = open_id(&env, "audit", 1).await;
+    let fields = [
+        ("action", "purge"),
+        ("dead_letter_id", id.as_str()),
+        ("position", "1"),
+        ("perspective", "audit"),
+    ];
+    let (response, _) = send(&console, form_post("/actions", &fields, &[])).await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let (response, _) = get(&console, "/bulk?action=purge").await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(env.status_of("audit", 1).await, "exhausted");
+
+    let basic = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode("ops:pw")
+    );
+    let (response, _) = send(
+        &console,
+        form_post("/actions", &fields, &[("authorization", basic.as_str())]),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(env.status_of("audit", 1).await, "purged");
+    let actor: String =
+        sqlx::query_scalar("SELECT actor FROM wh_dead_letter_history WHERE kind = 'Purged'")
+            .fetch_one(env.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(actor, "console user ops");
+}
+
+#[tokio::test]
+async fn credentials_can_come_from_files_and_are_never_shown() {
+    let env = Env::new().await;
+    const TOKEN: &str = "tok-5e0c-from-a-file";
+    let token_file = env.dir.path().join("console-token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let mut check = base_command();
+    check
+        .args(["--config"])
+        .arg(&env.config)
+        .args(["config", "check"])
+        .env("VANTAGE__CONSOLE__LISTEN", "0.0.0.0:9465")
+        .env("VANTAGE__CONSOLE__AUTH_TOKEN_FILE", &token_file);
+    let run = finish(check).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        !run.stdout.contains(TOKEN) && !run.stderr.contains(TOKEN),
+        "{run:?}"
+    );
+    assert!(
+        run.stdout
+            .contains(&format!("auth_token_file = \"{}\"", token_file.display())),
+        "{run:?}"
+    );
+
+    let settings = Settings::load(&vantage::config::LoadOptions {
+        config_path: Some(env.config.clone()),
+        overrides: vec![(
+            "console.auth_token_file".into(),
+            token_file.display().to_string(),
+        )],
+        ..Default::default()
+    })
+    .unwrap();
+    let console = console::router(ConsoleState::new(
+        env.store.with_statement_timeout(console::STATEMENT_TIMEOUT),
+        &settings,
+    ));
+    let (response, _) = get(&console, "/").await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let request = Request::get("/")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let (response, body) = send(&console, request).await;
+    assert_eq!(response.status(), StatusCode::OK, "{body}");
 }

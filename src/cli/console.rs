@@ -63,7 +63,7 @@ pub async fn run(global: &GlobalArgs, args: ConsoleArgs) -> i32 {
             return code;
         }
     };
-    let state = ConsoleState::new(store.clone(), &settings.console);
+    let state = ConsoleState::new(store.clone(), &settings);
     println!("vantage console on http://{local}/");
     tracing::info!(address = %local, read_only = settings.console.read_only,
         authentication = settings.console.authentication_configured(), "console listening");

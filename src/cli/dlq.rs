@@ -21,7 +21,7 @@ use serde_json::Value;
 use super::output::{self, Failure, Ui};
 use super::GlobalArgs;
 use crate::config::Settings;
-use crate::store::{DeadLetter, Store, StoredEvent};
+use crate::store::{DeadLetter, Store};
 
 /// `vantage dlq` subcommands.
 #[derive(Debug, Clone, Subcommand)]
@@ -175,183 +175,18 @@ struct Ctx<'a> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Messages (SPEC §4.2 wording, defined once)
+// The shared operations (crate::dlq) and their messages
 
-mod msg {
-    pub fn unknown_perspective(name: &str) -> String {
-        format!("No perspective named '{name}' is registered.")
-    }
-    pub fn no_dead_letter(position: i64) -> String {
-        format!("No dead-lettered event at position {position}.")
-    }
-    pub fn cannot_reread(position: i64) -> String {
-        format!("Could not re-read the event at position {position}.")
-    }
-    pub fn ambiguous(position: i64, perspectives: &[&str]) -> String {
-        format!(
-            "Position {position} is dead-lettered in several perspectives ({}). Pass --perspective to choose one.",
-            perspectives.join(", ")
-        )
-    }
-    pub fn race(position: i64) -> String {
-        format!("Position {position} is no longer dead-lettered: another command changed it while this one was waiting. Nothing was done.")
-    }
-    pub fn no_handler(perspective: &str, position: i64) -> String {
-        format!("Perspective '{perspective}' has no handler in this configuration; cannot replay position {position}.")
-    }
-    pub fn no_statement(perspective: &str, event_type: &str, position: i64) -> String {
-        format!("Perspective '{perspective}' has no statement for event type '{event_type}' in this configuration; cannot replay position {position}.")
-    }
-    pub fn replay_warning(perspective: &str, position: i64) -> String {
-        format!("Warning: replay re-runs the handler's side effects out of order: '{perspective}' applies position {position} now, after later events of its stream may already have been applied.")
-    }
-    pub fn replay_prompt(position: i64, perspective: &str) -> String {
-        format!("Replay dead-lettered position {position} through '{perspective}'? [y/N]")
-    }
-    pub fn replayed(position: i64, perspective: &str) -> String {
-        format!("Replayed position {position} through '{perspective}': resolved.")
-    }
-    pub fn replay_failed(position: i64, error: &str) -> String {
-        format!("Replay of position {position} failed again: {error}. It stays dead-lettered.")
-    }
-    pub fn purge_prompt(position: i64) -> String {
-        format!("Purge dead-lettered position {position}? A terminal record is kept in the history. [y/N]")
-    }
-    pub fn purged(position: i64) -> String {
-        format!("Purged position {position}.")
-    }
-    pub fn none_listed() -> &'static str {
-        "No dead-lettered events."
-    }
-    pub fn listed(events: usize, perspectives: usize) -> String {
-        format!("{events} dead-lettered event(s) across {perspectives} perspective(s).")
-    }
-    pub fn requeue_prompt_one(position: i64, perspective: &str) -> String {
-        format!("Requeue dead-lettered position {position} of '{perspective}'? [y/N]")
-    }
-    pub fn requeue_prompt_many(count: usize) -> String {
-        format!("Requeue {count} dead-lettered event(s)? [y/N]")
-    }
-    pub fn none_to_requeue() -> &'static str {
-        "No dead-lettered events match; nothing to requeue."
-    }
-    pub fn would_requeue(count: usize) -> String {
-        format!("Would requeue {count} dead-lettered event(s) (dry run; nothing was changed):")
-    }
-    pub fn will_requeue(count: usize) -> String {
-        format!("{count} dead-lettered event(s) to requeue:")
-    }
-    pub fn requeued_one(position: i64, perspective: &str) -> String {
-        format!("Requeued position {position} of '{perspective}'.")
-    }
-    pub fn skipped_one(position: i64, perspective: &str) -> String {
-        format!("Position {position} of '{perspective}' is no longer dead-lettered; skipped.")
-    }
-    pub fn requeued_total(requeued: usize, count: usize) -> String {
-        format!("Requeued {requeued} of {count} dead-lettered event(s).")
-    }
-    pub fn already_queued(position: i64, perspective: &str, verb: &str) -> String {
-        format!("Position {position} of '{perspective}' is already queued for the daemon (a work row for its event exists), so {verb} it would apply it twice. Nothing was done; purge the dead letter if the queued event should stand.")
-    }
-    pub fn being_rebuilt(perspective: &str) -> String {
-        format!("Perspective '{perspective}' is being rebuilt; try again when `vantage perspectives rebuild {perspective}` has finished. Nothing was done.")
-    }
-    pub fn skipped_queued(position: i64, perspective: &str) -> String {
-        format!("Position {position} of '{perspective}' is already queued for the daemon; skipped.")
-    }
-    pub fn requeue_partial_queued(skipped: usize, count: usize) -> String {
-        format!("{skipped} of {count} dead-lettered event(s) were already queued for the daemon: requeuing them would apply them twice. They were skipped.")
-    }
-    pub fn requeue_partial(skipped: usize, count: usize) -> String {
-        format!("{skipped} of {count} dead-lettered event(s) were no longer dead-lettered: another command changed them while this one was waiting. They were skipped.")
-    }
-}
+use crate::dlq::{msg, DlqError};
 
-// ---------------------------------------------------------------------------------------------
-// Shared lookups
-
-/// `--perspective NAME` must name a registered perspective.
-async fn check_perspective(store: &Store, name: Option<&str>) -> Result<(), Failure> {
-    if let Some(name) = name {
-        let found = store
-            .perspective(name)
-            .await
-            .map_err(|e| output::store_failure(&e))?;
-        if found.is_none() {
-            return Err(Failure::usage(msg::unknown_perspective(name)));
+/// Every refusal of the shared operations is a usage or environment error (exit 2) with its
+/// SPEC §4.2 message; a database failure says what it says everywhere in the CLI.
+impl From<DlqError> for Failure {
+    fn from(e: DlqError) -> Self {
+        match e {
+            DlqError::Store(e) => output::store_failure(&e),
+            other => Failure::usage(other.to_string()),
         }
-    }
-    Ok(())
-}
-
-/// The one open dead letter at `position` (of `perspective`, with `reason`, when given).
-async fn resolve(
-    store: &Store,
-    position: i64,
-    perspective: Option<&str>,
-    reason: Option<&str>,
-) -> Result<DeadLetter, Failure> {
-    check_perspective(store, perspective).await?;
-    let mut found = store
-        .open_dead_letters_at(position, perspective)
-        .await
-        .map_err(|e| output::store_failure(&e))?;
-    if let Some(reason) = reason {
-        found.retain(|d| d.failure_reason == reason);
-    }
-    match found.len() {
-        0 => Err(Failure::usage(msg::no_dead_letter(position))),
-        1 => Ok(found.remove(0)),
-        _ => {
-            let names: Vec<&str> = found.iter().map(|d| d.perspective_name.as_str()).collect();
-            Err(Failure::usage(msg::ambiguous(position, &names)))
-        }
-    }
-}
-
-/// Refuses to replay or requeue a dead letter whose perspective is being rebuilt, or whose event
-/// is queued for the daemon again (either would apply it twice): checked before asking, and
-/// again atomically by the action itself.
-async fn check_not_queued(store: &Store, dl: &DeadLetter, verb: &str) -> Result<(), Failure> {
-    let p = dl.perspective_name.as_str();
-    if store
-        .perspective_is_rebuilding(p)
-        .await
-        .map_err(|e| output::store_failure(&e))?
-    {
-        return Err(Failure::usage(msg::being_rebuilt(p)));
-    }
-    if store
-        .is_queued(p, dl.event_id)
-        .await
-        .map_err(|e| output::store_failure(&e))?
-    {
-        return Err(Failure::usage(msg::already_queued(
-            dl.global_position,
-            p,
-            verb,
-        )));
-    }
-    Ok(())
-}
-
-/// Re-reads the dead letter's event live and checks that the row read really is that event:
-/// the same global position and the same event id. Anything else is not that event.
-async fn reread(store: &Store, dead_letter: &DeadLetter) -> Result<StoredEvent, Failure> {
-    let event = store
-        .event_at(dead_letter.global_position)
-        .await
-        .map_err(|e| output::store_failure(&e))?;
-    match event {
-        Some(e)
-            if e.global_position == dead_letter.global_position
-                && e.event_id == dead_letter.event_id =>
-        {
-            Ok(e)
-        }
-        _ => Err(Failure::usage(msg::cannot_reread(
-            dead_letter.global_position,
-        ))),
     }
 }
 

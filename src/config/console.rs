@@ -4,14 +4,18 @@
 //! - `listen` (default `127.0.0.1:9465`);
 //! - `read_only` (default false);
 //! - `auth_token` (secret): a bearer token;
-//! - `basic_user`, `basic_password` (secret): HTTP basic credentials, both or neither.
+//! - `basic_user`, `basic_password` (secret): HTTP basic credentials, both or neither;
+//! - `auth_token_file`, `basic_password_file`: the same secrets read from a file (its content,
+//!   one trailing line break removed), e.g. a Kubernetes secret volume or a systemd credential;
+//!   a secret comes from its key or its file, not both.
 //!
 //! Every key is settable from the environment like any other (`VANTAGE__CONSOLE__AUTH_TOKEN`,
-//! …), so a secret can stay out of the file. A secret is a [`Secret`]: its `Debug`, `Display`
+//! …), so a secret can stay out of the configuration file. A secret is a [`Secret`]: its `Debug`, `Display`
 //! and `Serialize` write `***`, and a message about its key never quotes it.
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use serde::de::Deserializer;
 use serde::{Deserialize, Serialize, Serializer};
@@ -85,6 +89,20 @@ pub struct ConsoleSettings {
     /// `basic_password` (secret).
     #[serde(deserialize_with = "password", skip_serializing_if = "Option::is_none")]
     pub basic_password: Option<Secret>,
+    /// `auth_token_file`: a file holding the bearer token (instead of `auth_token`).
+    #[serde(deserialize_with = "file", skip_serializing_if = "Option::is_none")]
+    pub auth_token_file: Option<PathBuf>,
+    /// `basic_password_file`: a file holding the basic password (instead of `basic_password`).
+    #[serde(deserialize_with = "file", skip_serializing_if = "Option::is_none")]
+    pub basic_password_file: Option<PathBuf>,
+    /// The token read from `auth_token_file` when settings were loaded (not a key of its own;
+    /// read it through [`token`](Self::token)).
+    #[serde(skip)]
+    pub token_from_file: Option<Secret>,
+    /// The password read from `basic_password_file` when settings were loaded (not a key of its
+    /// own; read it through [`password`](Self::password)).
+    #[serde(skip)]
+    pub password_from_file: Option<Secret>,
 }
 
 impl Default for ConsoleSettings {
@@ -95,6 +113,10 @@ impl Default for ConsoleSettings {
             auth_token: None,
             basic_user: None,
             basic_password: None,
+            auth_token_file: None,
+            basic_password_file: None,
+            token_from_file: None,
+            password_from_file: None,
         }
     }
 }
@@ -102,18 +124,104 @@ impl Default for ConsoleSettings {
 impl ConsoleSettings {
     /// Whether a bearer token or basic credentials are configured.
     pub fn authentication_configured(&self) -> bool {
-        self.auth_token.is_some() || (self.basic_user.is_some() && self.basic_password.is_some())
+        self.token().is_some() || (self.basic_user.is_some() && self.password().is_some())
     }
+
+    /// The bearer token: `auth_token`, or what `auth_token_file` held.
+    pub fn token(&self) -> Option<&Secret> {
+        self.auth_token.as_ref().or(self.token_from_file.as_ref())
+    }
+
+    /// The basic password: `basic_password`, or what `basic_password_file` held.
+    pub fn password(&self) -> Option<&Secret> {
+        self.basic_password
+            .as_ref()
+            .or(self.password_from_file.as_ref())
+    }
+}
+
+/// A path, not empty.
+fn file<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
+    let s = values::string(d)?;
+    if s.trim().is_empty() {
+        return Err(values::expected("the path of a file holding the secret"));
+    }
+    Ok(Some(PathBuf::from(s)))
+}
+
+/// Reads `auth_token_file` and `basic_password_file` into the settings, checking their content
+/// as `auth_token` and `basic_password` are checked. A message names the file, never what it
+/// holds.
+pub(super) fn read_secret_files(c: &mut ConsoleSettings, w: &Written) -> Result<(), ConfigError> {
+    let read = |key: &str, path: &PathBuf, check: fn(&str) -> Result<(), &'static str>| {
+        let shown = quote(&path.display().to_string());
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            w.invalid(
+                key,
+                shown.clone(),
+                format!("a readable file holding the secret (reading it failed: {e})"),
+            )
+        })?;
+        let secret = text
+            .strip_suffix("\r\n")
+            .or_else(|| text.strip_suffix('\n'))
+            .unwrap_or(&text);
+        check(secret).map_err(|why| w.invalid(key, shown, format!("a file holding {why}")))?;
+        Ok(Secret::new(secret))
+    };
+    for (key, from_file, inline_key, inline) in [
+        (
+            "console.auth_token_file",
+            c.auth_token_file.is_some(),
+            "console.auth_token",
+            c.auth_token.is_some(),
+        ),
+        (
+            "console.basic_password_file",
+            c.basic_password_file.is_some(),
+            "console.basic_password",
+            c.basic_password.is_some(),
+        ),
+    ] {
+        if from_file && inline {
+            return Err(ConfigError::Invalid {
+                key: key.to_owned(),
+                message: format!(
+                    "set together with {inline_key}: give the secret one way, not both"
+                ),
+            });
+        }
+    }
+    if let Some(path) = &c.auth_token_file {
+        c.token_from_file = Some(read("console.auth_token_file", path, check_token)?);
+    }
+    if let Some(path) = &c.basic_password_file {
+        c.password_from_file = Some(read("console.basic_password_file", path, check_password)?);
+    }
+    Ok(())
+}
+
+const TOKEN_RULE: &str = "a non-empty token of visible ASCII characters without spaces (it is sent in an Authorization header)";
+const PASSWORD_RULE: &str = "a non-empty password without control characters";
+
+fn check_token(s: &str) -> Result<(), &'static str> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(TOKEN_RULE);
+    }
+    Ok(())
+}
+
+fn check_password(s: &str) -> Result<(), &'static str> {
+    if s.is_empty() || s.chars().any(char::is_control) {
+        return Err(PASSWORD_RULE);
+    }
+    Ok(())
 }
 
 /// Visible ASCII, no spaces: it travels in an `Authorization` header.
 fn token<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Secret>, D::Error> {
     let s = values::string(d)?;
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(values::expected(
-            "a non-empty token of visible ASCII characters without spaces (it is sent in an Authorization header)",
-        ));
-    }
+    check_token(&s).map_err(values::expected)?;
     Ok(Some(Secret::new(s)))
 }
 
@@ -130,22 +238,18 @@ fn basic_user<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Erro
 
 fn password<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Secret>, D::Error> {
     let s = values::string(d)?;
-    if s.is_empty() || s.chars().any(char::is_control) {
-        return Err(values::expected(
-            "a non-empty password without control characters",
-        ));
-    }
+    check_password(&s).map_err(values::expected)?;
     Ok(Some(Secret::new(s)))
 }
 
 /// The rules across the console's keys: basic credentials come in pairs, and a console
 /// reachable beyond this machine must ask for credentials.
 pub(super) fn validate(c: &ConsoleSettings, w: &Written) -> Result<(), ConfigError> {
-    match (&c.basic_user, &c.basic_password) {
+    match (&c.basic_user, c.password()) {
         (Some(_), None) => {
             return Err(ConfigError::Invalid {
                 key: "console.basic_password".to_owned(),
-                message: "missing: console.basic_user is set, and basic authentication needs both"
+                message: "missing: console.basic_user is set, and basic authentication needs both (console.basic_password or console.basic_password_file)"
                     .to_owned(),
             })
         }
@@ -153,7 +257,7 @@ pub(super) fn validate(c: &ConsoleSettings, w: &Written) -> Result<(), ConfigErr
             return Err(ConfigError::Invalid {
                 key: "console.basic_user".to_owned(),
                 message:
-                    "missing: console.basic_password is set, and basic authentication needs both"
+                    "missing: a basic password is set, and basic authentication needs both"
                         .to_owned(),
             })
         }
@@ -163,7 +267,7 @@ pub(super) fn validate(c: &ConsoleSettings, w: &Written) -> Result<(), ConfigErr
         return Err(w.invalid(
             "console.listen",
             quote(&c.listen.to_string()),
-            "a loopback address such as \"127.0.0.1:9465\" unless authentication is configured (console.auth_token, or console.basic_user and console.basic_password): the console must not be reachable from other machines without credentials",
+            "a loopback address such as \"127.0.0.1:9465\" unless authentication is configured (console.auth_token or console.auth_token_file, or console.basic_user and console.basic_password or console.basic_password_file): the console must not be reachable from other machines without credentials",
         ));
     }
     Ok(())
@@ -271,5 +375,68 @@ mod tests {
         let s = Secret::new("hunter2");
         assert_eq!(format!("{s} {s:?}"), "*** Secret(***)");
         assert_eq!(serde_json::to_string(&s).unwrap(), "\"***\"");
+    }
+
+    #[test]
+    fn secrets_can_come_from_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "t0k-from-file\n").unwrap();
+        let password = dir.path().join("password");
+        std::fs::write(&password, "pw from file").unwrap();
+        let s = load(&[
+            ("VANTAGE__CONSOLE__LISTEN", "0.0.0.0:1"),
+            ("VANTAGE__CONSOLE__AUTH_TOKEN_FILE", token.to_str().unwrap()),
+            ("VANTAGE__CONSOLE__BASIC_USER", "ops"),
+            (
+                "VANTAGE__CONSOLE__BASIC_PASSWORD_FILE",
+                password.to_str().unwrap(),
+            ),
+        ])
+        .unwrap();
+        let c = &s.console;
+        assert_eq!(c.token().unwrap().expose(), "t0k-from-file");
+        assert_eq!(c.password().unwrap().expose(), "pw from file");
+        assert!(c.auth_token.is_none() && c.authentication_configured());
+        // Shown as the path, never the content; and the shown TOML loads again.
+        let shown = s.redacted_toml();
+        assert!(
+            !shown.contains("t0k-from-file") && !shown.contains("pw from file"),
+            "{shown}"
+        );
+        assert!(shown.contains("auth_token_file = "), "{shown}");
+        assert!(!format!("{s:?}").contains("t0k-from-file"));
+
+        // Unreadable, or holding what the key would refuse: named by the file, not quoted.
+        let e = load(&[("VANTAGE__CONSOLE__AUTH_TOKEN_FILE", "/nonexistent/token")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("console.auth_token_file = \"/nonexistent/token\" (from VANTAGE__CONSOLE__AUTH_TOKEN_FILE): expected a readable file holding the secret"),
+            "{e}"
+        );
+        std::fs::write(&token, "has a space t0k-secret\n").unwrap();
+        let e = load(&[("VANTAGE__CONSOLE__AUTH_TOKEN_FILE", token.to_str().unwrap())])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("expected a file holding a non-empty token"),
+            "{e}"
+        );
+        assert!(!e.contains("t0k-secret"), "{e}");
+        // One way, not both.
+        let e = load(&[
+            (
+                "VANTAGE__CONSOLE__AUTH_TOKEN_FILE",
+                password.to_str().unwrap(),
+            ),
+            ("VANTAGE__CONSOLE__AUTH_TOKEN", "inline"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("console.auth_token_file: set together with console.auth_token"),
+            "{e}"
+        );
     }
 }

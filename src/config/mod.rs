@@ -165,6 +165,7 @@ fn build(written: Written, env: &HashMap<String, String>) -> Result<Settings, Co
         let w = &mut settings.worker;
         w.apply_timeout = sections::DEFAULT_APPLY_TIMEOUT.min(w.lease / 2);
     }
+    console::read_secret_files(&mut settings.console, &written)?;
     validate::settings(&settings, &written, env)?;
     Ok(settings)
 }

@@ -7,8 +7,8 @@
 //! `WWW-Authenticate` challenge for each configured scheme (basic first, so a browser asks
 //! for a user and password). The secrets are never logged, echoed or put in a page.
 //!
-//! A request that passes carries a [`ConsoleUser`] extension: the actor the action pages will
-//! write in the dead-letter history.
+//! A request that passes carries a [`ConsoleUser`] extension: the actor the action pages write
+//! in the dead-letter history and the audit log.
 
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -40,11 +40,11 @@ impl Credentials {
     /// From the `[console]` settings.
     pub fn from_settings(settings: &ConsoleSettings) -> Self {
         Credentials {
-            token: settings.auth_token.clone(),
+            token: settings.token().cloned(),
             basic: settings
                 .basic_user
                 .clone()
-                .zip(settings.basic_password.clone()),
+                .zip(settings.password().cloned()),
         }
     }
 

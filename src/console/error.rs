@@ -11,6 +11,7 @@ use crate::store::StoreError;
 pub fn page(status: StatusCode, title: &str, message: &str) -> Html<String> {
     render(&ErrorPage {
         read_only: false,
+        flash: None,
         status: status.as_u16(),
         title,
         message,
@@ -26,6 +27,8 @@ pub enum PageError {
     NotFound(String),
     /// The database failed or took too long: 503.
     Store(StoreError),
+    /// The page cannot be made now (e.g. a count that took too long): 503, saying what to do.
+    Unavailable(String),
 }
 
 impl From<StoreError> for PageError {
@@ -44,6 +47,11 @@ impl IntoResponse for PageError {
         let (status, title, message) = match self {
             PageError::BadRequest(m) => (StatusCode::BAD_REQUEST, "Bad request", m),
             PageError::NotFound(m) => (StatusCode::NOT_FOUND, "Not found", m),
+            PageError::Unavailable(m) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Not available now",
+                m,
+            ),
             PageError::Store(e) if timed_out(&e) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "The database took too long",

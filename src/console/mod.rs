@@ -1,6 +1,6 @@
 //! The operator console (SPEC §4.4): server-rendered pages on `console.listen`.
 //!
-//! What is here so far (the read side):
+//! The routes:
 //! - `GET /` — the overview ([`pages::overview`]): per perspective pending, leased, parked, open
 //!   dead letters and the oldest pending age, then the live instances; it refreshes itself
 //!   every [`REFRESH_SECONDS`] with a `<meta http-equiv="refresh">`, paused by `?refresh=off`;
@@ -9,8 +9,16 @@
 //! - `GET /dead-letters/{position}/{perspective}` — the detail ([`pages::detail`]), the event
 //!   re-read live from `wh_event_store` as `vantage dlq inspect` does;
 //! - `GET /console.css` — the one stylesheet, embedded in the binary;
-//! - `POST /actions` — a placeholder that answers 501 (403 in read-only mode): the seam where
-//!   replay, requeue and purge will go. It exists so every POST already passes the CSRF check.
+//! - `POST /actions` — one action on one dead letter ([`pages::actions`]): replay, requeue or
+//!   purge, through [`crate::dlq`] exactly as `vantage dlq` does, then 303 to its detail page;
+//! - `GET /bulk` — the preview of an action on every open dead letter matching a list filter
+//!   ([`pages::bulk`]): the server's count, what exactly will change, a confirmation form;
+//!   `POST /bulk` — the confirmed action, refused when the matching set changed since the
+//!   preview; at most [`BULK_LIMIT`] dead letters per confirmation.
+//!
+//! In read-only mode (`console.read_only`) the action routes answer 403 and no page shows a
+//! button. Every mutation writes the dead letter's history with the console user
+//! ([`ConsoleUser`]) as actor, and one audit line at INFO (target [`AUDIT_TARGET`]).
 //!
 //! Safety, in the order a request meets it (outermost first): the security headers on every
 //! response ([`security::headers`]), the cross-site check of every unsafe method
@@ -20,6 +28,7 @@
 
 pub mod auth;
 mod error;
+pub mod flash;
 mod pages;
 pub mod security;
 mod view;
@@ -33,7 +42,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ConsoleSettings;
+use crate::config::{PerspectiveSettings, Settings};
 use crate::store::Store;
 
 pub use auth::{ConsoleUser, Credentials};
@@ -50,6 +59,16 @@ pub const DEFAULT_PAGE_SIZE: u32 = 50;
 /// Most rows a `limit` may ask for.
 pub const MAX_PAGE_SIZE: u32 = 500;
 
+/// Most dead letters one confirmed bulk action changes; when more match, it takes the lowest
+/// positions and the rest wait for the next confirmation.
+pub const BULK_LIMIT: u32 = 1000;
+
+/// Rows of a bulk preview's sample.
+pub const BULK_SAMPLE: usize = 25;
+
+/// The `tracing` target of the audit lines, one per mutation.
+pub const AUDIT_TARGET: &str = "vantage::console::audit";
+
 /// What every handler reads. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct ConsoleState {
@@ -61,17 +80,22 @@ struct Inner {
     store: Store,
     credentials: Credentials,
     read_only: bool,
+    perspectives: Vec<PerspectiveSettings>,
+    flashes: flash::Flashes,
 }
 
 impl ConsoleState {
     /// The console over `store` (give it one from [`Store::with_statement_timeout`]) with the
-    /// `[console]` settings' credentials and mode.
-    pub fn new(store: Store, settings: &ConsoleSettings) -> Self {
+    /// `[console]` settings' credentials and mode, and the configuration's perspectives (the
+    /// handlers a replay runs, as `vantage dlq replay` does).
+    pub fn new(store: Store, settings: &Settings) -> Self {
         ConsoleState {
             inner: Arc::new(Inner {
                 store,
-                credentials: Credentials::from_settings(settings),
-                read_only: settings.read_only,
+                credentials: Credentials::from_settings(&settings.console),
+                read_only: settings.console.read_only,
+                perspectives: settings.perspectives.clone(),
+                flashes: flash::Flashes::default(),
             }),
         }
     }
@@ -82,6 +106,19 @@ impl ConsoleState {
 
     fn read_only(&self) -> bool {
         self.inner.read_only
+    }
+
+    fn perspectives(&self) -> &[PerspectiveSettings] {
+        &self.inner.perspectives
+    }
+
+    fn flashes(&self) -> &flash::Flashes {
+        &self.inner.flashes
+    }
+
+    /// The message `?flash=ID` names, if any.
+    fn flash(&self, id: Option<&str>) -> Option<flash::Flash> {
+        self.flashes().get(id?)
     }
 }
 
@@ -95,7 +132,11 @@ pub fn router(state: ConsoleState) -> Router {
             get(pages::detail::show),
         )
         .route("/console.css", get(view::stylesheet))
-        .route("/actions", post(pages::actions::placeholder))
+        .route("/actions", post(pages::actions::act))
+        .route(
+            "/bulk",
+            get(pages::bulk::preview).post(pages::bulk::confirm),
+        )
         .fallback(pages::not_found)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -6,6 +6,8 @@ use axum::http::header;
 use axum::response::{Html, IntoResponse, Response};
 use chrono::{DateTime, Utc};
 
+pub use super::flash::Flash;
+
 /// The console's one stylesheet, embedded in the binary (no CDN, nothing external).
 pub const STYLESHEET: &str = include_str!("../../templates/console/console.css");
 
@@ -42,6 +44,11 @@ pub fn age(seconds: f64) -> String {
 
 /// `/dead-letters?…` with these parameters (empty values left out), form-encoded.
 pub fn dead_letters_href(params: &[(&str, &str)]) -> String {
+    href("/dead-letters", params)
+}
+
+/// `path?…` with these parameters (empty values left out), form-encoded.
+pub fn href(path: &str, params: &[(&str, &str)]) -> String {
     let mut query = url::form_urlencoded::Serializer::new(String::new());
     for (k, v) in params {
         if !v.is_empty() {
@@ -50,9 +57,9 @@ pub fn dead_letters_href(params: &[(&str, &str)]) -> String {
     }
     let query = query.finish();
     if query.is_empty() {
-        "/dead-letters".to_owned()
+        path.to_owned()
     } else {
-        format!("/dead-letters?{query}")
+        format!("{path}?{query}")
     }
 }
 
@@ -89,6 +96,7 @@ impl Choice {
 #[template(path = "console/error.html")]
 pub struct ErrorPage<'a> {
     pub read_only: bool,
+    pub flash: Option<Flash>,
     pub status: u16,
     pub title: &'a str,
     pub message: &'a str,
@@ -121,6 +129,7 @@ pub struct InstanceRow {
 #[template(path = "console/overview.html")]
 pub struct OverviewPage {
     pub read_only: bool,
+    pub flash: Option<Flash>,
     pub now: String,
     pub refresh_seconds: Option<u32>,
     pub refresh_every: u32,
@@ -155,6 +164,7 @@ pub struct DeadLetterRow {
 #[template(path = "console/dead_letters.html")]
 pub struct DeadLettersPage {
     pub read_only: bool,
+    pub flash: Option<Flash>,
     pub perspective_options: Vec<Choice>,
     pub reason_options: Vec<Choice>,
     pub status_options: Vec<Choice>,
@@ -168,6 +178,10 @@ pub struct DeadLettersPage {
     pub first_href: String,
     pub rows: Vec<DeadLetterRow>,
     pub next_href: Option<String>,
+    /// The bulk actions' previews of this filter: (label, href). Empty when read-only, when
+    /// nothing open matches, or when the filter is not on open dead letters.
+    pub bulk: Vec<(&'static str, String)>,
+    pub bulk_limit: u32,
 }
 
 /// The event of the detail page, as read now.
@@ -209,10 +223,64 @@ pub struct HistoryRow {
 #[template(path = "console/detail.html")]
 pub struct DetailPage {
     pub read_only: bool,
+    pub flash: Option<Flash>,
+    /// The action forms: shown when the dead letter is open and the console not read-only.
+    pub actions: Option<ActionsView>,
     pub list_href: String,
     pub dl: DeadLetterView,
     pub event: Option<EventView>,
     pub reread_error: String,
     pub earlier: usize,
     pub history: Vec<HistoryRow>,
+}
+
+/// The action forms of the detail page.
+pub struct ActionsView {
+    pub dead_letter_id: String,
+    /// The replay warning, as the CLI prints it.
+    pub replay_warning: String,
+    /// Why replay cannot run here (no handler in this configuration), if so.
+    pub replay_unavailable: Option<String>,
+    /// What a purge does.
+    pub purge_note: String,
+}
+
+/// A row of a bulk preview's sample.
+pub struct BulkRow {
+    pub href: String,
+    pub position: i64,
+    pub perspective: String,
+    pub event_type: String,
+    pub reason: String,
+    pub error: String,
+    pub attempts: i32,
+    pub at: String,
+}
+
+/// `templates/console/bulk.html`.
+#[derive(Template)]
+#[template(path = "console/bulk.html")]
+pub struct BulkPage {
+    pub read_only: bool,
+    pub flash: Option<Flash>,
+    /// `replay`, `requeue`, `purge`.
+    pub action: &'static str,
+    /// `Replay`, `Requeue`, `Purge`.
+    pub label: &'static str,
+    /// The filter's parameters as given, non-empty only.
+    pub filter: Vec<(String, String)>,
+    /// Open dead letters matching.
+    pub count: i64,
+    /// How many this confirmation covers.
+    pub acting: usize,
+    pub capped: bool,
+    pub limit: u32,
+    pub first_position: i64,
+    pub last_position: i64,
+    pub digest: String,
+    pub warning: Option<String>,
+    pub list_href: String,
+    pub sample: Vec<BulkRow>,
+    /// Rows covered beyond the sample.
+    pub more: usize,
 }

@@ -208,3 +208,28 @@ impl Store {
         .map_err(map_db_error)
     }
 }
+
+impl Store {
+    /// What a bulk action over `filter` acts on: the open dead letters that match it (whatever
+    /// `filter.status` says), lowest position first, at most `limit`. The console shows these in
+    /// its preview and acts on exactly these after the confirmation.
+    pub async fn open_dead_letters_matching(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: u32,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
+        let open = DeadLetterFilter {
+            status: Some("exhausted".to_owned()),
+            ..filter.clone()
+        };
+        let sql = format!(
+            "SELECT * FROM wh_dead_letters WHERE {FILTER_WHERE} \
+             ORDER BY global_position, dead_letter_id LIMIT $8"
+        );
+        bind_filter!(sqlx::query_as::<_, DeadLetter>(&sql), open)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_db_error)
+    }
+}

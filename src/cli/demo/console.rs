@@ -42,7 +42,7 @@ impl DemoConsole {
         };
         let state = ConsoleState::new(
             store.with_statement_timeout(console::STATEMENT_TIMEOUT),
-            &settings.console,
+            settings,
         );
         let stop = CancellationToken::new();
         let task = tokio::spawn(console::serve(listener, state, stop.clone()));

@@ -4,8 +4,9 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
-use super::{reread, resolve, Ctx, InspectArgs};
+use super::{Ctx, InspectArgs};
 use crate::cli::output::{self, sort_keys, timestamp, Failure};
+use crate::dlq::{reread, resolve};
 use crate::store::{DeadLetter, HistoryEntry, StoredEvent};
 
 /// Width of the label column of the human view.

@@ -2,8 +2,9 @@
 
 use serde_json::{json, Value};
 
-use super::{check_perspective, msg, Ctx, ListArgs};
+use super::{msg, Ctx, ListArgs};
 use crate::cli::output::{self, Failure};
+use crate::dlq::check_perspective;
 use crate::store::DeadLetter;
 
 /// Positions shown per table row; the JSON lists them all and the Count column counts them

@@ -3,8 +3,9 @@
 
 use serde_json::Value;
 
-use super::{msg, resolve, target_json, Ctx, PurgeArgs};
+use super::{msg, target_json, Ctx, PurgeArgs};
 use crate::cli::output::{self, confirm, operator_actor, Confirmed, Failure};
+use crate::dlq::{self, resolve};
 use crate::store::{DeadLetter, Store, StoreError};
 
 pub(super) async fn run(ctx: &Ctx<'_>, args: PurgeArgs) -> Result<Value, Failure> {
@@ -23,12 +24,12 @@ pub(super) async fn run(ctx: &Ctx<'_>, args: PurgeArgs) -> Result<Value, Failure
     Ok(Value::Object(data))
 }
 
-/// The compare-and-set; false if the dead letter was no longer open.
+/// The compare-and-set ([`dlq::purge`]); false if the dead letter was no longer open.
 async fn purge(
     store: &Store,
     dl: &DeadLetter,
     actor: &str,
     _confirmed: &Confirmed,
 ) -> Result<bool, StoreError> {
-    store.purge_dead_letter(dl.dead_letter_id, actor).await
+    dlq::purge(store, dl, actor).await
 }

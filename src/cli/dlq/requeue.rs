@@ -9,8 +9,9 @@
 
 use serde_json::{json, Value};
 
-use super::{check_not_queued, check_perspective, msg, resolve, Ctx, RequeueArgs};
+use super::{msg, Ctx, RequeueArgs};
 use crate::cli::output::{self, confirm, operator_actor, Confirmed, Failure};
+use crate::dlq::{self, check_not_queued, check_perspective, resolve, Requeued};
 use crate::store::{DeadLetter, Store, StoreError};
 
 pub(super) async fn run(ctx: &Ctx<'_>, args: RequeueArgs) -> Result<Value, Failure> {
@@ -81,19 +82,19 @@ pub(super) async fn run(ctx: &Ctx<'_>, args: RequeueArgs) -> Result<Value, Failu
     for d in &letters {
         let (n, p) = (d.global_position, d.perspective_name.as_str());
         match requeue(ctx.store, d, &actor, &confirmed).await {
-            Ok(true) => {
+            Ok(Requeued::Requeued) => {
                 requeued += 1;
                 ctx.ui.say(msg::requeued_one(n, p));
                 items.push(item(d, "requeued"));
             }
-            Ok(false) => {
+            Ok(Requeued::Lost) => {
                 // A single position that lost the race gets the race message alone, below.
                 if args.position.is_none() {
                     ctx.ui.say(msg::skipped_one(n, p));
                 }
                 items.push(item(d, "no_longer_dead_lettered"));
             }
-            Err(e) if e.is_already_queued() => {
+            Ok(Requeued::AlreadyQueued) => {
                 if args.position.is_some() {
                     return Err(Failure::usage(msg::already_queued(n, p, "requeuing")));
                 }
@@ -101,7 +102,7 @@ pub(super) async fn run(ctx: &Ctx<'_>, args: RequeueArgs) -> Result<Value, Failu
                 ctx.ui.say(msg::skipped_queued(n, p));
                 items.push(item(d, "already_queued"));
             }
-            Err(e) if e.is_rebuild_in_progress() => {
+            Ok(Requeued::Rebuilding) => {
                 return Err(Failure::usage(msg::being_rebuilt(p)).with("requeued", requeued));
             }
             Err(e) => return Err(output::store_failure(&e).with("requeued", requeued)),
@@ -143,13 +144,12 @@ fn describe(d: &DeadLetter) -> String {
     )
 }
 
-/// The compare-and-set; false if the dead letter was no longer open; an error if its event is
-/// already queued or its perspective is being rebuilt (nothing changed).
+/// The compare-and-set ([`dlq::requeue`]): nothing changes unless it says `Requeued`.
 async fn requeue(
     store: &Store,
     dl: &DeadLetter,
     actor: &str,
     _confirmed: &Confirmed,
-) -> Result<bool, StoreError> {
-    store.requeue_dead_letter(dl.dead_letter_id, actor).await
+) -> Result<Requeued, StoreError> {
+    dlq::requeue(store, dl, actor).await
 }

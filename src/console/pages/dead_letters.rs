@@ -14,8 +14,11 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use crate::console::error::PageError;
+use crate::console::pages::actions::Action;
 use crate::console::view::{self, Choice, DeadLetterRow, DeadLettersPage, FilterForm};
-use crate::console::{ConsoleState, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, STATEMENT_TIMEOUT};
+use crate::console::{
+    ConsoleState, BULK_LIMIT, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, STATEMENT_TIMEOUT,
+};
 use crate::store::{DeadLetterCursor, DeadLetterFilter, FAILURE_MAX_ATTEMPTS, FAILURE_PERMANENT};
 
 /// The statuses one can filter by, the open one first.
@@ -24,18 +27,39 @@ const STATUSES: &[&str] = &["exhausted", "resolved", "requeued", "purged", "any"
 /// The query string, as typed: empty values count as absent.
 #[derive(Debug, Default, Deserialize)]
 pub struct ListQuery {
-    perspective: Option<String>,
-    reason: Option<String>,
-    event_type: Option<String>,
-    error: Option<String>,
-    since: Option<String>,
-    until: Option<String>,
-    status: Option<String>,
-    limit: Option<String>,
-    after: Option<String>,
+    pub perspective: Option<String>,
+    pub reason: Option<String>,
+    pub event_type: Option<String>,
+    pub error: Option<String>,
+    pub since: Option<String>,
+    pub until: Option<String>,
+    pub status: Option<String>,
+    pub limit: Option<String>,
+    pub after: Option<String>,
+    /// The message of the action that redirected here (see [`crate::console::flash`]).
+    pub flash: Option<String>,
 }
 
-fn given(v: &Option<String>) -> Option<String> {
+impl ListQuery {
+    /// The filter's parameters as given (trimmed, empty ones left out), in the form's order:
+    /// what a bulk action carries from the list to its preview and its confirmation.
+    pub fn filter_params(&self) -> Vec<(&'static str, String)> {
+        [
+            ("perspective", &self.perspective),
+            ("reason", &self.reason),
+            ("event_type", &self.event_type),
+            ("error", &self.error),
+            ("since", &self.since),
+            ("until", &self.until),
+            ("status", &self.status),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| given(v).map(|v| (k, v)))
+        .collect()
+    }
+}
+
+pub(crate) fn given(v: &Option<String>) -> Option<String> {
     v.as_deref()
         .map(str::trim)
         .filter(|s| !s.is_empty())
@@ -185,8 +209,26 @@ pub async fn show(
         status.as_str()
     };
 
+    // Bulk actions act on open dead letters: offered when the list shows those and some match.
+    let bulk = if state.read_only() || current_status != "exhausted" || count == Some(0) {
+        Vec::new()
+    } else {
+        let filter_params = q.filter_params();
+        [Action::Requeue, Action::Purge, Action::Replay]
+            .into_iter()
+            .map(|a| {
+                let mut all: Vec<(&str, &str)> = vec![("action", a.name())];
+                all.extend(filter_params.iter().map(|(k, v)| (*k, v.as_str())));
+                (a.label(), view::href("/bulk", &all))
+            })
+            .collect()
+    };
+
     let body = DeadLettersPage {
         read_only: state.read_only(),
+        flash: state.flash(q.flash.as_deref()),
+        bulk,
+        bulk_limit: BULK_LIMIT,
         perspective_options: Choice::list(perspective_names, &perspective),
         reason_options: Choice::list(reasons, &reason),
         status_options: Choice::list(STATUSES.iter().copied(), current_status),

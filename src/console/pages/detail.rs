@@ -3,13 +3,15 @@
 //! makes: what was read must be that global position and that event id. Then the dead letter
 //! (the latest of that event in that perspective, whatever its status) and its whole history.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
 
 use crate::cli::output::sort_keys;
 use crate::console::error::PageError;
-use crate::console::view::{self, DeadLetterView, DetailPage, EventView, HistoryRow};
+use crate::console::view::{self, ActionsView, DeadLetterView, DetailPage, EventView, HistoryRow};
 use crate::console::ConsoleState;
+use crate::dlq::msg;
 use crate::store::{DeadLetter, StoredEvent};
 
 /// The event, if what was read really is the dead letter's event.
@@ -22,10 +24,17 @@ fn pretty(value: &serde_json::Value) -> String {
     serde_json::to_string_pretty(&sorted).unwrap_or_else(|_| sorted.to_string())
 }
 
+/// The detail's query: the message of the action that redirected here.
+#[derive(Debug, Default, Deserialize)]
+pub struct DetailQuery {
+    flash: Option<String>,
+}
+
 /// `GET /dead-letters/{position}/{perspective}`.
 pub async fn show(
     State(state): State<ConsoleState>,
     Path((position, perspective)): Path<(i64, String)>,
+    Query(query): Query<DetailQuery>,
 ) -> Result<Response, PageError> {
     let store = state.store();
     let mut letters = store.dead_letters_of(position, &perspective).await?;
@@ -38,8 +47,20 @@ pub async fn show(
     let event = same_event(&dl, store.event_at(dl.global_position).await?);
     let history = store.dead_letter_history(dl.dead_letter_id).await?;
 
+    let actions = (!state.read_only() && dl.status == "exhausted").then(|| {
+        let (n, p) = (dl.global_position, dl.perspective_name.as_str());
+        ActionsView {
+            dead_letter_id: dl.dead_letter_id.to_string(),
+            replay_warning: msg::replay_warning(p, n),
+            replay_unavailable: (!state.perspectives().iter().any(|s| s.name == p))
+                .then(|| msg::no_handler(p, n)),
+            purge_note: "Closes it for good without running anything; a terminal record is kept in the history.".to_owned(),
+        }
+    });
     let page = DetailPage {
         read_only: state.read_only(),
+        flash: state.flash(query.flash.as_deref()),
+        actions,
         list_href: view::dead_letters_href(&[("perspective", dl.perspective_name.as_str())]),
         event: event.map(|e| EventView {
             event_type: e.event_type,

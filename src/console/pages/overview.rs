@@ -13,6 +13,7 @@ use crate::console::{ConsoleState, REFRESH_SECONDS};
 #[derive(Debug, Default, Deserialize)]
 pub struct OverviewQuery {
     refresh: Option<String>,
+    flash: Option<String>,
 }
 
 /// `GET /`.
@@ -28,6 +29,7 @@ pub async fn show(
     let paused = query.refresh.as_deref() == Some("off");
     let page = OverviewPage {
         read_only: state.read_only(),
+        flash: state.flash(query.flash.as_deref()),
         now: view::at(&now),
         refresh_seconds: (!paused).then_some(REFRESH_SECONDS),
         refresh_every: REFRESH_SECONDS,
