@@ -164,6 +164,18 @@ CREATE TRIGGER wh_perspective_lanes_after_instance_gone
     REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT EXECUTE FUNCTION wh_perspective_lanes_after_instance_gone();
 
+-- The perspectives a claim may take lanes of (of p_names, NULL = all), in random order: the
+-- registered ones not being rebuilt (as in 0003; the shared lock is held until the claim commits).
+-- One place for every reason a perspective is not claimed.
+CREATE FUNCTION wh_claimable_perspectives(p_names text[])
+RETURNS text[]
+LANGUAGE sql AS $$
+    SELECT array_agg(p.perspective_name ORDER BY random())
+    FROM wh_perspectives p
+    WHERE (p_names IS NULL OR p.perspective_name = ANY (p_names))
+      AND pg_try_advisory_xact_lock_shared(wh_perspective_lock_key(p.perspective_name));
+$$;
+
 -- The claim itself. Takes up to p_max_lanes due lanes (a fair share per perspective, in random
 -- order) and leases the claimable prefix of each, up to p_max_rows rows in all and p_per_lane per
 -- lane (NULL: as deep as the budget allows). Lanes are locked in rounds sized from how many rows
@@ -209,11 +221,7 @@ DECLARE
     v_rounds     int := 0;
     v_pass       int;
 BEGIN
-    SELECT array_agg(p.perspective_name ORDER BY random()) INTO v_names
-    FROM wh_perspectives p
-    -- As in 0003: skip a perspective being rebuilt; the shared lock is held until commit.
-    WHERE (p_perspective_names IS NULL OR p.perspective_name = ANY (p_perspective_names))
-      AND pg_try_advisory_xact_lock_shared(wh_perspective_lock_key(p.perspective_name));
+    v_names := wh_claimable_perspectives(p_perspective_names);
     -- As in 0006: only a registered instance claims, holding its row until the claim commits.
     PERFORM 1 FROM wh_service_instances si WHERE si.instance_id = p_instance_id FOR KEY SHARE;
     IF NOT FOUND OR v_names IS NULL THEN
