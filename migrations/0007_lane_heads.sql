@@ -214,10 +214,25 @@ DECLARE
     v_c_s        uuid[];
     v_c_p        text[];
     v_c_v        int[];
-    v_locked     uuid[];
+    v_c_tid      tid[];
+    v_u_id       uuid[];
+    v_u_event    uuid[];
+    v_u_gp       bigint[];
+    v_u_attempts int[];
+    v_u_failures int[];
+    v_gap        uuid[];
+    v_lock_timeout text;
     v_take       uuid[];
     v_taken      int;
     v_all        uuid[] := '{}';
+    v_all_event  uuid[] := '{}';
+    v_all_gp     bigint[] := '{}';
+    v_all_attempts int[] := '{}';
+    v_all_failures int[] := '{}';
+    v_all_c_id   uuid[] := '{}';
+    v_all_c_s    uuid[] := '{}';
+    v_all_c_p    text[] := '{}';
+    v_all_c_v    int[] := '{}';
     v_rounds     int := 0;
     v_pass       int;
 BEGIN
@@ -267,19 +282,20 @@ BEGIN
         v_lanes_left := v_lanes_left - cardinality(v_round_s);
 
         -- 2. Candidates: per lane, the leading rows that are claimable (bool_and over the lane
-        --    keeps only the prefix before the first blocked row), ranked round-robin.
+        --    keeps only the prefix before the first blocked row), an even share of the budget
+        --    per lane (what short lanes leave is taken in the next round), ranked round-robin.
         SELECT array_agg(c.event_work_id), array_agg(c.sid), array_agg(c.pname),
-               array_agg(c.stream_version)
-        INTO v_c_id, v_c_s, v_c_p, v_c_v
+               array_agg(c.stream_version), array_agg(c.row_tid)
+        INTO v_c_id, v_c_s, v_c_p, v_c_v, v_c_tid
         FROM (
-            SELECT r.event_work_id, r.sid, r.pname, r.stream_version
+            SELECT r.event_work_id, r.sid, r.pname, r.stream_version, r.row_tid
             FROM (
-                SELECT w.event_work_id, k.sid, k.pname, w.stream_version,
+                SELECT w.event_work_id, k.sid, k.pname, w.stream_version, w.row_tid,
                        row_number() OVER lane AS rn,
                        bool_and(w.ok) OVER lane AS prefix_ok
                 FROM unnest(v_round_s, v_round_p) AS k(sid, pname)
                 CROSS JOIN LATERAL (
-                    SELECT pe.event_work_id, pe.stream_version,
+                    SELECT pe.event_work_id, pe.stream_version, pe.ctid AS row_tid,
                            CASE
                                WHEN pe.instance_id IS NULL THEN pe.scheduled_for <= now()
                                WHEN pe.lease_expiry < now() THEN true
@@ -289,7 +305,8 @@ BEGIN
                     FROM wh_perspective_events pe
                     WHERE pe.perspective_name = k.pname AND pe.stream_id = k.sid
                     ORDER BY pe.stream_version
-                    LIMIT least(coalesce(p_per_lane, v_rows_left), v_rows_left)) w
+                    LIMIT coalesce(p_per_lane,
+                                   ceil(v_rows_left::numeric / cardinality(v_round_s))::int)) w
                 WINDOW lane AS (PARTITION BY k.sid, k.pname ORDER BY w.stream_version)
             ) r
             WHERE r.prefix_ok
@@ -297,52 +314,117 @@ BEGIN
             LIMIT v_rows_left
         ) c;
 
-        v_take := NULL;
+        v_u_id := NULL;
         IF v_c_id IS NOT NULL THEN
-            -- 3. Lock them without waiting, re-checked on the live rows (an old holder may have
-            --    renewed, completed or released one since our snapshot).
-            SELECT array_agg(l.event_work_id) INTO v_locked
-            FROM (
-                SELECT pe.event_work_id
-                FROM wh_perspective_events pe
-                WHERE pe.event_work_id = ANY (v_c_id)
-                  AND CASE
-                        WHEN pe.instance_id IS NULL THEN pe.scheduled_for <= now()
-                        WHEN pe.lease_expiry < now() THEN true
-                        ELSE NOT EXISTS (SELECT 1 FROM wh_service_instances si
-                                         WHERE si.instance_id = pe.instance_id)
-                      END
-                ORDER BY pe.event_work_id
-                FOR UPDATE OF pe SKIP LOCKED
-            ) l;
+            -- 3. Lease them, re-checked on the live rows (an old holder may have renewed,
+            --    completed or released one since our snapshot); attempts + 1 on takeover only.
+            --    Claimers never touch a lane without its lock, so the only rows that can be
+            --    locked here are an old holder's, briefly: wait for them a moment, and if that
+            --    is not enough (the holder may be waiting for the lane lock we hold), lock what
+            --    can be locked without waiting instead.
+            v_lock_timeout := current_setting('lock_timeout');
+            PERFORM set_config('lock_timeout', '50ms', true);
+            BEGIN
+                WITH leased AS (
+                    UPDATE wh_perspective_events pe
+                    SET instance_id  = p_instance_id,
+                        lease_expiry = clock_timestamp() + make_interval(secs => p_lease_seconds),
+                        attempts     = pe.attempts + CASE WHEN pe.instance_id IS DISTINCT FROM p_instance_id
+                                                          THEN 1 ELSE 0 END,
+                        refundable   = pe.instance_id IS DISTINCT FROM p_instance_id
+                    -- (by the versions we read: a row changed since is not found, see step 4)
+                    WHERE pe.ctid = ANY (v_c_tid)
+                      AND CASE
+                            WHEN pe.instance_id IS NULL THEN pe.scheduled_for <= now()
+                            WHEN pe.lease_expiry < now() THEN true
+                            ELSE NOT EXISTS (SELECT 1 FROM wh_service_instances si
+                                             WHERE si.instance_id = pe.instance_id)
+                          END
+                    RETURNING pe.event_work_id, pe.event_id, pe.global_position, pe.attempts,
+                              pe.failures)
+                SELECT array_agg(l.event_work_id), array_agg(l.event_id),
+                       array_agg(l.global_position), array_agg(l.attempts), array_agg(l.failures)
+                INTO v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures
+                FROM leased l;
+            EXCEPTION WHEN lock_not_available THEN
+                WITH locked AS (
+                    SELECT pe.event_work_id
+                    FROM wh_perspective_events pe
+                    -- (by the versions we read: a row changed since is not found, see step 4)
+                    WHERE pe.ctid = ANY (v_c_tid)
+                      AND CASE
+                            WHEN pe.instance_id IS NULL THEN pe.scheduled_for <= now()
+                            WHEN pe.lease_expiry < now() THEN true
+                            ELSE NOT EXISTS (SELECT 1 FROM wh_service_instances si
+                                             WHERE si.instance_id = pe.instance_id)
+                          END
+                    ORDER BY pe.event_work_id
+                    FOR UPDATE OF pe SKIP LOCKED),
+                leased AS (
+                    UPDATE wh_perspective_events pe
+                    SET instance_id  = p_instance_id,
+                        lease_expiry = clock_timestamp() + make_interval(secs => p_lease_seconds),
+                        attempts     = pe.attempts + CASE WHEN pe.instance_id IS DISTINCT FROM p_instance_id
+                                                          THEN 1 ELSE 0 END,
+                        refundable   = pe.instance_id IS DISTINCT FROM p_instance_id
+                    FROM locked
+                    WHERE pe.event_work_id = locked.event_work_id
+                    RETURNING pe.event_work_id, pe.event_id, pe.global_position, pe.attempts,
+                              pe.failures)
+                SELECT array_agg(l.event_work_id), array_agg(l.event_id),
+                       array_agg(l.global_position), array_agg(l.attempts), array_agg(l.failures)
+                INTO v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures
+                FROM leased l;
+            END;
+            PERFORM set_config('lock_timeout', v_lock_timeout, true);
 
-            -- 4. Per lane, only the rows before the first one we could not lock: leases stay a
-            --    prefix of the lane, so nobody else can ever hold a row ahead of ours.
-            SELECT array_agg(k.id) INTO v_take
-            FROM (
-                SELECT c.id,
-                       bool_and(lk.id IS NOT NULL) OVER (
-                           PARTITION BY c.sid, c.pname ORDER BY c.v) AS contiguous
-                FROM unnest(v_c_id, v_c_s, v_c_p, v_c_v) AS c(id, sid, pname, v)
-                LEFT JOIN unnest(v_locked) AS lk(id) ON lk.id = c.id
-            ) k
-            WHERE k.contiguous;
+            -- 4. Leases stay a prefix of the lane, so nobody can ever hold a row ahead of ours:
+            --    a candidate the re-check or a lock left out ends its lane's share, and what we
+            --    leased behind it goes back at once, its bump refunded (rare: a race with the
+            --    lane's old holder).
+            IF coalesce(cardinality(v_u_id), 0) < cardinality(v_c_id) THEN
+                SELECT array_agg(g.id) INTO v_gap
+                FROM (
+                    SELECT c.id, u.id IS NOT NULL AS leased,
+                           bool_and(u.id IS NOT NULL) OVER (
+                               PARTITION BY c.sid, c.pname ORDER BY c.v) AS contiguous
+                    FROM unnest(v_c_id, v_c_s, v_c_p, v_c_v) AS c(id, sid, pname, v)
+                    LEFT JOIN unnest(v_u_id) AS u(id) ON u.id = c.id
+                ) g
+                WHERE g.leased AND NOT g.contiguous;
+                IF v_gap IS NOT NULL THEN
+                    UPDATE wh_perspective_events pe
+                    SET instance_id  = NULL,
+                        lease_expiry = NULL,
+                        attempts     = greatest(pe.attempts - CASE WHEN pe.refundable THEN 1 ELSE 0 END, 0),
+                        refundable   = false
+                    WHERE pe.event_work_id = ANY (v_gap);
+                    SELECT array_agg(u.id), array_agg(u.ev), array_agg(u.gp), array_agg(u.att),
+                           array_agg(u.fail)
+                    INTO v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures
+                    FROM unnest(v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures)
+                         AS u(id, ev, gp, att, fail)
+                    WHERE NOT u.id = ANY (v_gap);
+                END IF;
+            END IF;
         END IF;
+        v_take := v_u_id;
         v_taken := coalesce(cardinality(v_take), 0);
-
+        IF v_c_id IS NOT NULL THEN
+            v_all_c_id := v_all_c_id || v_c_id;
+            v_all_c_s := v_all_c_s || v_c_s;
+            v_all_c_p := v_all_c_p || v_c_p;
+            v_all_c_v := v_all_c_v || v_c_v;
+        END IF;
         IF v_taken > 0 THEN
-            -- 5. Lease; bump attempts only on takeover.
-            UPDATE wh_perspective_events pe
-            SET instance_id  = p_instance_id,
-                lease_expiry = clock_timestamp() + make_interval(secs => p_lease_seconds),
-                attempts     = pe.attempts + CASE WHEN pe.instance_id IS DISTINCT FROM p_instance_id
-                                                  THEN 1 ELSE 0 END,
-                refundable   = pe.instance_id IS DISTINCT FROM p_instance_id
-            WHERE pe.event_work_id = ANY (v_take);
-            v_all := v_all || v_take;
+            v_all := v_all || v_u_id;
+            v_all_event := v_all_event || v_u_event;
+            v_all_gp := v_all_gp || v_u_gp;
+            v_all_attempts := v_all_attempts || v_u_attempts;
+            v_all_failures := v_all_failures || v_u_failures;
         END IF;
 
-        -- 6. The lanes' hints. A lane we leased from is due when our lease expires; any other
+        -- 5. The lanes' hints. A lane we leased from is due when our lease expires; any other
         --    lane of the round is due when its head is (a parked head's scheduled_for, another
         --    holder's expiry; a head locked by someone else, in a second), and an empty lane
         --    goes (this statement started after we took its lock: see I1).
@@ -394,15 +476,17 @@ BEGIN
         RETURN;
     END IF;
 
+    -- 6. The rows leased, with their raw events (what the lease returned plus the candidates'
+    --    lanes; no second read of the work rows).
     RETURN QUERY
-    SELECT pe.event_work_id, pe.stream_id, pe.event_id, pe.perspective_name,
-           pe.global_position, pe.stream_version, ev.event_type, ev.event_data,
-           ev.metadata, pe.attempts, pe.failures
-    FROM wh_perspective_events pe
-    LEFT JOIN wh_event_store ev ON ev.global_position = pe.global_position
-                               AND ev.event_id = pe.event_id
-    WHERE pe.event_work_id = ANY (v_all)
-    ORDER BY pe.stream_id, pe.perspective_name, pe.stream_version;
+    SELECT r.id, c.sid, r.ev, c.pname, r.gp, c.v, e.event_type, e.event_data, e.metadata,
+           r.att, r.fail
+    FROM unnest(v_all, v_all_event, v_all_gp, v_all_attempts, v_all_failures)
+         AS r(id, ev, gp, att, fail)
+    JOIN unnest(v_all_c_id, v_all_c_s, v_all_c_p, v_all_c_v) AS c(id, sid, pname, v)
+      ON c.id = r.id
+    LEFT JOIN wh_event_store e ON e.global_position = r.gp AND e.event_id = r.ev
+    ORDER BY c.sid, c.pname, c.v;
 END
 $$;
 

@@ -2330,3 +2330,181 @@ async fn parked_lanes_do_not_starve_another_perspective() -> TestResult {
     );
     Ok(())
 }
+
+/// Rule 18. A claim meeting a row of its lane locked by someone else (an old holder finishing)
+/// neither waits for it nor leases rows behind it: it comes back at once without that lane, and
+/// takes the whole lane once the lock is gone. Catches: a claim that waits on the lock (and can
+/// deadlock with an old holder's completion waiting for the lane), a claim that skips the locked
+/// head and leases the rows behind it (two holders in one lane).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_head_is_skipped_without_waiting_and_nothing_behind_it_is_taken() -> TestResult {
+    let ctx = setup().await?;
+    let store = ctx.store.clone();
+    perspective(&store, "P1", &["*"]).await?;
+    let stream = Uuid::new_v4();
+    append(&store, stream, &["E", "E", "E"]).await?;
+    let old = live_instance(&store).await?;
+    let first = store.claim_work(old, LEASE, 10, 10, None).await?;
+    assert_eq!(first.len(), 3);
+    expire(&store, &ids_of(&first)).await?;
+
+    // The old holder's session holds the head's row lock (as a completion under way would).
+    let mut holder = store.pool().begin().await?;
+    sqlx::query("SELECT 1 FROM wh_perspective_events WHERE event_work_id = $1 FOR UPDATE")
+        .bind(first[0].event_work_id)
+        .execute(&mut *holder)
+        .await?;
+
+    let new = live_instance(&store).await?;
+    let started = std::time::Instant::now();
+    let rows = store.claim_work(new, LEASE, 10, 10, None).await?;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the claim waited {:?}",
+        started.elapsed()
+    );
+    assert!(
+        rows.is_empty(),
+        "nothing of a lane whose head is locked: {rows:?}"
+    );
+    let held_by_new = count(
+        &store,
+        &format!(
+            "SELECT count(*) FROM wh_perspective_events WHERE instance_id = '{}'",
+            new.0
+        ),
+    )
+    .await?;
+    assert_eq!(held_by_new, 0, "no row behind the locked head is leased");
+    holder.rollback().await?;
+
+    // The lane comes back within its retry hint (a second); then it is taken whole, in order.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let rows = loop {
+        let rows = store.claim_work(new, LEASE, 10, 10, None).await?;
+        if !rows.is_empty() || tokio::time::Instant::now() > deadline {
+            break rows;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        rows.iter().map(|r| r.stream_version).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    assert!(
+        rows.iter().all(|r| r.attempts == 2),
+        "one takeover each, the refunded give-back not counted: {rows:?}"
+    );
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// The batched apply (migrations 0005, 0009)
+// ------------------------------------------------------------------------------------------
+
+/// Rule 19. The batched apply runs every statement with the same seven parameters and in the
+/// order given, whichever way it runs it (a cached PL/pgSQL function for plain writes, EXECUTE
+/// for the rest), again and again on one session, and an error of any statement fails the call.
+/// Catches: a plain write and an EXECUTE'd statement run out of order, a trailing semicolon or
+/// comment breaking the cached form, a column named like a PL/pgSQL variable ("found") read as
+/// the variable, a statement returning rows refused, a cached plan that survives the rollback of
+/// the transaction that created it.
+#[tokio::test]
+async fn the_batched_apply_runs_every_kind_of_statement_in_order() -> TestResult {
+    use vantage::store::{apply_statements_in, StatementBatch, StatementParams};
+
+    let ctx = setup().await?;
+    let store = ctx.store.clone();
+    sqlx::query(
+        "CREATE TABLE applied (seq bigserial, kind text, stream_id uuid, version int, \
+         position bigint, event_type text, data jsonb, found boolean DEFAULT false)",
+    )
+    .execute(store.pool())
+    .await?;
+    let statements = [
+        // a plain write, with a trailing semicolon and blank
+        "INSERT INTO applied (kind, stream_id, version, position, event_type, data) \
+         VALUES ('insert', $2, $6, $5, $4, $1);  ",
+        // a plain write with a comment, reading a column named like a PL/pgSQL variable
+        "UPDATE applied SET kind = kind || '+' WHERE stream_id = $2 AND NOT found -- note",
+        // a write returning rows and a SELECT: EXECUTE'd
+        "INSERT INTO applied (kind, stream_id, version) VALUES ('returning', $2, $6) RETURNING seq",
+        "SELECT $3::uuid, $7::jsonb",
+        // a comment after the semicolon: EXECUTE'd
+        "INSERT INTO applied (kind, stream_id, version) VALUES ('commented', $2, $6); -- done",
+    ];
+    let stream = Uuid::new_v4();
+    let data = json!({ "n": 1 });
+    let meta = json!({});
+    let mut conn = store.pool().acquire().await?;
+    for round in 0..3 {
+        let mut batch = StatementBatch::default();
+        for (i, s) in statements.iter().enumerate() {
+            batch.push(
+                s,
+                StatementParams {
+                    data: &data,
+                    stream_id: stream,
+                    event_id: Uuid::new_v4(),
+                    event_type: "T",
+                    global_position: (round * 10 + i) as i64,
+                    stream_version: (round * 10 + i) as i32,
+                    metadata: &meta,
+                },
+            );
+        }
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        apply_statements_in(&mut tx, &batch).await?;
+        if round == 1 {
+            tx.rollback().await?; // what this round created is gone: the next one must not care
+        } else {
+            tx.commit().await?;
+        }
+    }
+    let rows: Vec<(String, i32)> = sqlx::query_as("SELECT kind, version FROM applied ORDER BY seq")
+        .fetch_all(&mut *conn)
+        .await?;
+    // Round 0 and round 2 committed (round 1 rolled back); each round's UPDATE marks every row
+    // of the stream there is at that point, so round 0's rows carry two marks.
+    let expected: Vec<(String, i32)> = [
+        ("insert++", 0),
+        ("returning+", 2),
+        ("commented+", 4),
+        ("insert+", 20),
+        ("returning", 22),
+        ("commented", 24),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), *v))
+    .collect();
+    assert_eq!(rows, expected);
+    let data_kept: serde_json::Value =
+        sqlx::query_scalar("SELECT data FROM applied WHERE version = 0")
+            .fetch_one(&mut *conn)
+            .await?;
+    assert_eq!(data_kept, data, "$1 is the event's data");
+
+    // An error of any statement fails the call, in either form.
+    for bad in [
+        "INSERT INTO missing_table (a) VALUES ($6)",
+        "SELECT 1 / ($6 - $6)",
+    ] {
+        let mut batch = StatementBatch::default();
+        batch.push(
+            bad,
+            StatementParams {
+                data: &data,
+                stream_id: stream,
+                event_id: Uuid::new_v4(),
+                event_type: "T",
+                global_position: 1,
+                stream_version: 1,
+                metadata: &meta,
+            },
+        );
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        assert!(apply_statements_in(&mut tx, &batch).await.is_err(), "{bad}");
+        tx.rollback().await?;
+    }
+    Ok(())
+}
