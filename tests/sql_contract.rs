@@ -2508,3 +2508,92 @@ async fn the_batched_apply_runs_every_kind_of_statement_in_order() -> TestResult
     }
     Ok(())
 }
+
+/// Rule 20. `move_many_to_dead_letters` moves rows the way `move_to_dead_letters` does, many at a
+/// time: only rows leased to the caller, each with its own error text and the row's last_error,
+/// attempts and failures, one `Exhausted` history record each, a requeued message's dead letter
+/// reopened (not a second one), and rows already gone or not ours left out of the answer.
+/// Catches: an unfenced delete, error texts paired with the wrong rows, a lost history record, a
+/// second dead letter for one message.
+#[tokio::test]
+async fn move_many_to_dead_letters_moves_each_row_like_move_to_dead_letters() -> TestResult {
+    use vantage::store::move_many_to_dead_letters_in;
+
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["*"]).await?;
+    let (a, b) = (live_instance(store).await?, live_instance(store).await?);
+    let mine = Uuid::new_v4();
+    append(store, mine, &["A", "B"]).await?;
+    let rows = store.claim_work(a, LEASE, 10, 10, None).await?;
+    let (first, second) = (rows[0].event_work_id, rows[1].event_work_id);
+    poke(
+        store,
+        "UPDATE wh_perspective_events SET failures = 2, last_error = 'kaboom' \
+         WHERE event_work_id = ANY ($1)",
+        &[first],
+    )
+    .await?;
+    let theirs = Uuid::new_v4();
+    append(store, theirs, &["C"]).await?;
+    let other = store.claim_work(b, LEASE, 10, 10, None).await?[0].event_work_id;
+
+    let moves = vec![
+        (first, "text one".to_string()),
+        (second, "text two".to_string()),
+        (other, "not ours".to_string()),
+        (Uuid::new_v4(), "gone".to_string()),
+    ];
+    let moved = move_many_to_dead_letters_in(store.pool(), a, &moves, FAILURE_MAX_ATTEMPTS).await?;
+    let moved_ids: BTreeSet<Uuid> = moved.iter().map(|(id, _)| *id).collect();
+    assert_eq!(moved_ids, BTreeSet::from([first, second]));
+    assert!(
+        work(store, other).await?.is_some(),
+        "another holder's row is untouched"
+    );
+
+    let dls = dead_letters(store).await?;
+    assert_eq!(dls.len(), 2);
+    for dl in &dls {
+        let text = dl.error_text.clone().unwrap_or_default();
+        if dl.source_id == first {
+            assert!(
+                text.contains("text one") && text.contains("kaboom"),
+                "{text}"
+            );
+        } else {
+            assert!(
+                text.contains("text two") && !text.contains("kaboom"),
+                "{text}"
+            );
+        }
+        assert_eq!(
+            history_kinds(store, dl.dead_letter_id).await?,
+            vec!["Exhausted"]
+        );
+    }
+
+    // Requeued, claimed and exhausted again: the same dead letter is reopened.
+    let first_dl = dls
+        .iter()
+        .find(|d| d.source_id == first)
+        .unwrap()
+        .dead_letter_id;
+    assert!(store.requeue_dead_letter(first_dl, "test").await?);
+    let again = store.claim_work(a, LEASE, 10, 10, None).await?;
+    assert_eq!(again.len(), 1);
+    let moved = move_many_to_dead_letters_in(
+        store.pool(),
+        a,
+        &[(again[0].event_work_id, "again".to_string())],
+        FAILURE_MAX_ATTEMPTS,
+    )
+    .await?;
+    assert_eq!(moved, vec![(again[0].event_work_id, first_dl)]);
+    assert_eq!(
+        dead_letters(store).await?.len(),
+        2,
+        "one dead letter per message"
+    );
+    Ok(())
+}

@@ -30,6 +30,14 @@ pub trait DeadLetterSink: Send {
         reason: &str,
         error_text: &str,
     ) -> Result<MoveOutcome, StoreError>;
+
+    /// Moves many leased work rows with one reason, each with its own error text, all or
+    /// nothing: one outcome per row, in order, or an error and nothing moved.
+    async fn move_many_to_dead_letters(
+        &mut self,
+        moves: &[(Uuid, String)],
+        reason: &str,
+    ) -> Result<Vec<MoveOutcome>, StoreError>;
 }
 
 #[async_trait]
@@ -41,6 +49,14 @@ impl DeadLetterSink for LeasedBatch {
         error_text: &str,
     ) -> Result<MoveOutcome, StoreError> {
         self.dead_letter_now(work_id, reason, error_text).await
+    }
+
+    async fn move_many_to_dead_letters(
+        &mut self,
+        moves: &[(Uuid, String)],
+        reason: &str,
+    ) -> Result<Vec<MoveOutcome>, StoreError> {
+        self.dead_letter_many_now(moves, reason).await
     }
 }
 
@@ -79,20 +95,50 @@ pub async fn filter_dead_lettered(
         };
     };
     let mut outcome = FilterOutcome::default();
-    for row in rows {
-        if !exceeds_max_attempts(row.attempts, Some(max)) {
-            outcome.survivors.push(row);
-            continue;
-        }
-        let error_text = format!(
+    let error_text = |row: &WorkRow| {
+        format!(
             "claimed {} times, more than max_perspective_event_attempts = {max}",
             row.attempts
-        );
+        )
+    };
+    let (doomed, _): (Vec<usize>, Vec<usize>) =
+        (0..rows.len()).partition(|&i| exceeds_max_attempts(rows[i].attempts, Some(max)));
+    if doomed.is_empty() {
+        outcome.survivors = rows;
+        return outcome;
+    }
+
+    // All of a claim's exhausted rows in one move; if that fails, row by row, so that one row
+    // the dead-letter store refuses does not keep the others in the apply set.
+    let moves: Vec<(Uuid, String)> = doomed
+        .iter()
+        .map(|&i| (rows[i].event_work_id, error_text(&rows[i])))
+        .collect();
+    let results: Vec<Result<MoveOutcome, StoreError>> = match sink
+        .move_many_to_dead_letters(&moves, FAILURE_MAX_ATTEMPTS)
+        .await
+    {
+        Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
+        Err(_) => {
+            let mut results = Vec::with_capacity(moves.len());
+            for (id, text) in &moves {
+                results.push(
+                    sink.move_to_dead_letters(*id, FAILURE_MAX_ATTEMPTS, text)
+                        .await,
+                );
+            }
+            results
+        }
+    };
+
+    let mut results = doomed.iter().copied().zip(results).peekable();
+    for (i, row) in rows.into_iter().enumerate() {
+        let Some((_, result)) = results.next_if(|(d, _)| *d == i) else {
+            outcome.survivors.push(row);
+            continue;
+        };
         // The sink (the lease handle) logs and counts a move once it is durable.
-        match sink
-            .move_to_dead_letters(row.event_work_id, FAILURE_MAX_ATTEMPTS, &error_text)
-            .await
-        {
+        match result {
             Ok(MoveOutcome::Moved(_)) => outcome.moved += 1,
             Ok(MoveOutcome::AlreadyGone) => outcome.already_gone += 1,
             Err(error) => {
@@ -126,6 +172,7 @@ mod tests {
         gone: Vec<Uuid>,
         broken: Vec<Uuid>,
         moved: Mutex<Vec<(Uuid, String)>>,
+        batches: usize,
     }
 
     #[async_trait]
@@ -147,6 +194,22 @@ mod tests {
                 .unwrap()
                 .push((work_id, reason.to_string()));
             Ok(MoveOutcome::Moved(Uuid::new_v4()))
+        }
+
+        async fn move_many_to_dead_letters(
+            &mut self,
+            moves: &[(Uuid, String)],
+            reason: &str,
+        ) -> Result<Vec<MoveOutcome>, StoreError> {
+            self.batches += 1;
+            if moves.iter().any(|(id, _)| self.broken.contains(id)) {
+                return Err(StoreError::Conflict("dead-letter table is broken".into()));
+            }
+            let mut out = Vec::new();
+            for (id, text) in moves {
+                out.push(self.move_to_dead_letters(*id, reason, text).await?);
+            }
+            Ok(out)
         }
     }
 
@@ -184,6 +247,7 @@ mod tests {
         let kept: Vec<Uuid> = out.survivors.iter().map(|r| r.event_work_id).collect();
         assert_eq!(kept, vec![ids[0], ids[2]]);
         assert_eq!(out.moved, 2);
+        assert_eq!(sink.batches, 1, "one move for the claim's exhausted rows");
         let moved = sink.moved.lock().unwrap();
         assert_eq!(moved.len(), 2);
         assert!(moved.iter().all(|(_, r)| r == FAILURE_MAX_ATTEMPTS));
@@ -213,6 +277,22 @@ mod tests {
         assert_eq!(out.survivors.len(), 1);
         assert_eq!(out.survivors[0].event_work_id, id);
         assert_eq!(out.move_errors, 1);
+    }
+
+    #[tokio::test]
+    async fn one_refused_row_does_not_keep_the_others_in_the_apply_set() {
+        let (good, bad, fine) = (row(11), row(12), row(1));
+        let (good_id, bad_id, fine_id) =
+            (good.event_work_id, bad.event_work_id, fine.event_work_id);
+        let mut sink = Sink {
+            broken: vec![bad_id],
+            ..Sink::default()
+        };
+        let out = filter_dead_lettered(vec![good, bad, fine], Some(10), Some(&mut sink)).await;
+        let kept: Vec<Uuid> = out.survivors.iter().map(|r| r.event_work_id).collect();
+        assert_eq!(kept, vec![bad_id, fine_id]);
+        assert_eq!((out.moved, out.move_errors), (1, 1));
+        assert_eq!(sink.moved.lock().unwrap()[0].0, good_id);
     }
 
     #[tokio::test]

@@ -18,8 +18,8 @@ use uuid::Uuid;
 
 use super::inflight::Reservation;
 use crate::store::{
-    complete_in, move_to_dead_letters_in, record_failure_in, release_started_in,
-    release_unstarted_in, InstanceId, MoveOutcome, Store, StoreError, WorkRow,
+    complete_in, move_many_to_dead_letters_in, move_to_dead_letters_in, record_failure_in,
+    release_started_in, release_unstarted_in, InstanceId, MoveOutcome, Store, StoreError, WorkRow,
 };
 use crate::telemetry::metrics as m;
 
@@ -172,6 +172,35 @@ impl LeasedBatch {
             }
         }
         Ok(outcome)
+    }
+
+    /// Moves many rows to the dead letters now, in one statement, all or nothing (the
+    /// pre-filter's exhausted rows). Each move is logged and counted once, as by
+    /// [`LeasedBatch::dead_letter_now`]. One outcome per move, in order.
+    pub async fn dead_letter_many_now(
+        &mut self,
+        moves: &[(Uuid, String)],
+        reason: &str,
+    ) -> Result<Vec<MoveOutcome>, StoreError> {
+        let moved: std::collections::HashMap<Uuid, Uuid> =
+            move_many_to_dead_letters_in(self.store.pool(), self.instance, moves, reason)
+                .await?
+                .into_iter()
+                .collect();
+        let mut outcomes = Vec::with_capacity(moves.len());
+        for (id, error) in moves {
+            let held = self.forget(id);
+            match moved.get(id) {
+                Some(&dead_letter_id) => {
+                    if let Some(h) = held {
+                        log_dead_letter(&h, self.max_attempts, reason, dead_letter_id, error);
+                    }
+                    outcomes.push(MoveOutcome::Moved(dead_letter_id));
+                }
+                None => outcomes.push(MoveOutcome::AlreadyGone),
+            }
+        }
+        Ok(outcomes)
     }
 
     /// Records a failure now (charged; parked for `retry_in`). False if the row was not ours.

@@ -342,3 +342,29 @@ pub async fn move_to_dead_letters_in<'c, E: sqlx::PgExecutor<'c>>(
             .map_err(map_db_error)?;
     Ok(id.map_or(MoveOutcome::AlreadyGone, MoveOutcome::Moved))
 }
+
+/// Moves many rows leased to `instance` to the dead letters in one statement
+/// (`move_many_to_dead_letters`): the same rules as [`move_to_dead_letters_in`] for each.
+/// Returns (work id, dead letter id) for every row moved; a row not listed was already gone.
+pub async fn move_many_to_dead_letters_in<'c, E: sqlx::PgExecutor<'c>>(
+    executor: E,
+    instance: InstanceId,
+    moves: &[(Uuid, String)],
+    reason: &str,
+) -> Result<Vec<(Uuid, Uuid)>, StoreError> {
+    if moves.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = moves.iter().map(|(id, _)| *id).collect();
+    let errors: Vec<&str> = moves.iter().map(|(_, e)| e.as_str()).collect();
+    sqlx::query_as(
+        "SELECT source_id, dead_letter_id FROM move_many_to_dead_letters($1, $2, $3, $4)",
+    )
+    .bind(instance.0)
+    .bind(&ids)
+    .bind(reason)
+    .bind(&errors)
+    .fetch_all(executor)
+    .await
+    .map_err(map_db_error)
+}

@@ -22,8 +22,9 @@ pub use console::{
     DeadLetterCursor, DeadLetterFilter, DeadLetterPage, DeadLetterSummary, ERROR_PREVIEW_CHARS,
 };
 pub use dead_letters::{
-    move_to_dead_letters_in, resolve_dead_letter_in, DeadLetter, DeadLetterStatus, HistoryEntry,
-    MoveOutcome, FAILURE_MAX_ATTEMPTS, FAILURE_PERMANENT, SOURCE_TABLE,
+    move_many_to_dead_letters_in, move_to_dead_letters_in, resolve_dead_letter_in, DeadLetter,
+    DeadLetterStatus, HistoryEntry, MoveOutcome, FAILURE_MAX_ATTEMPTS, FAILURE_PERMANENT,
+    SOURCE_TABLE,
 };
 pub use events::{
     append_events_in, append_events_json_in, requeue_history_batch_in, stored_event_ids_in,
