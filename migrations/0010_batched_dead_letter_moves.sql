@@ -37,11 +37,11 @@ BEGIN
         SELECT g.id, g.error_text
         FROM unnest(p_source_ids, p_error_texts) AS g(id, error_text)),
     src AS (
+        -- (by the primary key: a join to the ids can be planned as a scan of the queue)
         DELETE FROM wh_perspective_events pe
-        USING given
-        WHERE pe.event_work_id = given.id
+        WHERE pe.event_work_id = ANY (p_source_ids)
           AND pe.instance_id = p_instance_id
-        RETURNING pe.*, given.error_text AS given_error),
+        RETURNING pe.*),
     dl AS (
         INSERT INTO wh_dead_letters AS d
             (dead_letter_id, source_table, source_id, stream_id, event_id, global_position,
@@ -51,11 +51,12 @@ BEGIN
         SELECT gen_random_uuid(), 'wh_perspective_events', src.event_work_id,
                src.stream_id, src.event_id, src.global_position, src.stream_version,
                ev.event_type, src.perspective_name, p_failure_reason,
-               nullif(concat_ws(E'\n', src.given_error,
+               nullif(concat_ws(E'\n', given.error_text,
                                 CASE WHEN src.last_error IS NOT NULL
                                      THEN 'last error: ' || src.last_error END), ''),
                src.attempts, src.failures, now(), p_instance_id, 'exhausted', now()
         FROM src
+        JOIN given ON given.id = src.event_work_id
         LEFT JOIN wh_event_store ev ON ev.global_position = src.global_position
         ON CONFLICT (source_table, perspective_name, event_id) WHERE status <> 'purged' DO UPDATE
             SET source_id = EXCLUDED.source_id,
