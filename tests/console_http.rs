@@ -1497,3 +1497,111 @@ async fn credentials_can_come_from_files_and_are_never_shown() {
     let (response, body) = send(&console, request).await;
     assert_eq!(response.status(), StatusCode::OK, "{body}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Triage (issue 11): error groups, blocked lanes, paused perspectives
+
+/// Dead letters in two groups: order_summary 1 and 2 (the same numeric error with different
+/// values), audit 3 (another error).
+async fn with_groups() -> Env {
+    let env = seeded().await;
+    for (position, value) in [(1, "abc"), (2, "x1")] {
+        env.dead_letter_with_error(
+            "order_summary",
+            position,
+            "MaxAttemptsExceeded",
+            &format!("invalid input syntax for type numeric: \"{value}\" (SQLSTATE 22P02)"),
+        )
+        .await;
+    }
+    env.dead_letter_with_error("audit", 3, "PermanentFailure", "boom at 12")
+        .await;
+    env
+}
+
+async fn fingerprint_of(env: &Env, perspective: &str, position: i64) -> String {
+    sqlx::query_scalar(
+        "SELECT error_fingerprint FROM wh_dead_letters \
+         WHERE perspective_name = $1 AND global_position = $2",
+    )
+    .bind(perspective)
+    .bind(position)
+    .fetch_one(env.store.pool())
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn error_groups_are_listed_biggest_first_and_acted_on_through_the_bulk_preview() {
+    let env = with_groups().await;
+    let console = open_console(&env);
+    let numeric = fingerprint_of(&env, "order_summary", 1).await;
+    let other = fingerprint_of(&env, "audit", 3).await;
+    assert_eq!(numeric, fingerprint_of(&env, "order_summary", 2).await);
+    assert_ne!(numeric, other);
+
+    let (response, page) = get(&console, "/groups").await;
+    assert_eq!(response.status(), StatusCode::OK, "{page}");
+    assert_secure(&response, "/groups");
+    assert!(
+        page.contains("3 open dead letter(s) in 2 group(s)."),
+        "{page}"
+    );
+    let (first, second) = (page.find(&numeric).unwrap(), page.find(&other).unwrap());
+    assert!(first < second, "biggest first: {page}");
+    assert!(
+        page.contains("invalid input syntax for type numeric: &quot;?&quot;")
+            || page.contains("invalid input syntax for type numeric: &#34;?&#34;"),
+        "{page}"
+    );
+    assert!(page.contains("22P02"), "{page}");
+    assert!(
+        page.contains(&format!(
+            "href=\"/bulk?action=requeue&amp;group={numeric}\""
+        )),
+        "{page}"
+    );
+    // The list filtered by the group.
+    let list = ok(get(&console, &format!("/dead-letters?group={numeric}")).await);
+    assert!(list.contains("2 matching dead letter(s)."), "{list}");
+    assert_eq!(positions(&list, "order_summary"), vec![2, 1]);
+    assert!(positions(&list, "audit").is_empty(), "{list}");
+    // One perspective only.
+    let audit = ok(get(&console, "/groups?perspective=audit").await);
+    assert!(
+        !audit.contains(&numeric) && audit.contains(&other),
+        "{audit}"
+    );
+
+    // Requeue the group: the preview's count, then exactly those.
+    let preview = ok(get(&console, &format!("/bulk?action=requeue&group={numeric}")).await);
+    assert!(
+        preview.contains("<strong>2</strong> open dead letter(s) match now"),
+        "{preview}"
+    );
+    let response = confirm(&console, &confirmation(&preview, &[("group", &numeric)])).await;
+    let page = ok(follow(&console, &response).await);
+    assert!(
+        page.contains("Requeued 2 of 2 dead-lettered event(s)."),
+        "{page}"
+    );
+    assert_eq!(env.status_of("order_summary", 1).await, "requeued");
+    assert_eq!(env.status_of("order_summary", 2).await, "requeued");
+    assert_eq!(env.status_of("audit", 3).await, "exhausted");
+    let page = ok(get(&console, "/groups").await);
+    assert!(
+        page.contains("1 open dead letter(s) in 1 group(s)."),
+        "{page}"
+    );
+
+    // Read-only: the groups, no action.
+    let read_only = console_with(
+        &env,
+        &ConsoleSettings {
+            read_only: true,
+            ..ConsoleSettings::default()
+        },
+    );
+    let page = ok(get(&read_only, "/groups").await);
+    assert!(page.contains(&other) && !page.contains("/bulk?"), "{page}");
+}

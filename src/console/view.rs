@@ -140,6 +140,8 @@ pub struct OverviewPage {
 /// The list's filter form, as the user typed it.
 #[derive(Default)]
 pub struct FilterForm {
+    /// An error fingerprint (from the groups page), kept as a hidden field.
+    pub group: String,
     pub event_type: String,
     pub error: String,
     pub since: String,
@@ -283,4 +285,33 @@ pub struct BulkPage {
     pub sample: Vec<BulkRow>,
     /// Rows covered beyond the sample.
     pub more: usize,
+}
+
+/// A row of the error groups page.
+pub struct GroupRow {
+    pub fingerprint: String,
+    pub perspective: String,
+    pub event_type: String,
+    pub sqlstate: String,
+    pub message: String,
+    pub count: i64,
+    pub first_seen: String,
+    pub last_seen: String,
+    pub sample_position: i64,
+    pub sample_href: String,
+    /// The dead-letter list filtered by this group.
+    pub list_href: String,
+    /// The bulk previews of this group: (label, href); empty when read-only.
+    pub bulk: Vec<(&'static str, String)>,
+}
+
+/// `templates/console/groups.html`.
+#[derive(Template)]
+#[template(path = "console/groups.html")]
+pub struct GroupsPage {
+    pub read_only: bool,
+    pub flash: Option<Flash>,
+    pub perspective: String,
+    pub total: i64,
+    pub groups: Vec<GroupRow>,
 }

@@ -13,6 +13,7 @@ mod events;
 mod instances;
 mod operator;
 mod status;
+mod triage;
 
 pub use apply::{apply_statements_in, StatementBatch, StatementParams};
 pub use claims::{
@@ -32,6 +33,7 @@ pub use events::{
 };
 pub use instances::{InstanceInfo, LiveInstance};
 pub use status::{PerspectiveStatus, StoreGauges};
+pub use triage::{BlockedLane, BlockedTotals, ErrorGroup, PauseState};
 
 use std::fmt;
 use std::time::{Duration, Instant};

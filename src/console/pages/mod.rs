@@ -5,6 +5,7 @@ pub mod actions;
 pub mod bulk;
 pub mod dead_letters;
 pub mod detail;
+pub mod groups;
 pub mod overview;
 
 use axum::http::StatusCode;
