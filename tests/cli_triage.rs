@@ -262,3 +262,238 @@ async fn requeue_and_purge_by_group_with_dry_run_limit_and_confirmation() {
         2
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// status --blocked
+
+/// Makes the row of (`perspective`, `position`) a failing head: failures, an error, parked for
+/// an hour (as `record_perspective_event_failure` leaves it).
+async fn fail_head(env: &Env, perspective: &str, position: i64, failures: i32, error: &str) {
+    sqlx::query(
+        "UPDATE wh_perspective_events \
+         SET attempts = $3, failures = $3, last_error = $4, instance_id = NULL, \
+             lease_expiry = NULL, scheduled_for = now() + interval '1 hour' \
+         WHERE perspective_name = $1 AND global_position = $2",
+    )
+    .bind(perspective)
+    .bind(position)
+    .bind(failures)
+    .bind(error)
+    .execute(env.store.pool())
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn status_blocked_lists_failing_heads_and_what_waits_behind_them() {
+    let env = seeded().await;
+    env.run(&["status", "--blocked"])
+        .await
+        .expect(0, "No blocked lanes.\n", "");
+
+    // order_summary: the head of stream A (position 1) fails; position 2 waits behind it.
+    // audit: position 2 fails, but it is not the head (position 1 is): not blocked by it.
+    let error = NUMERIC.replace("{v}", "abc");
+    fail_head(&env, "order_summary", 1, 3, &error).await;
+    fail_head(&env, "audit", 2, 1, "boom").await;
+
+    let run = env.run(&["status", "--blocked", "--json"]).await;
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{run:#?}");
+    let data = &run.json()["data"];
+    let lanes = data["lanes"].as_array().unwrap();
+    assert_eq!(lanes.len(), 1, "{data:#}");
+    let os = &lanes[0];
+    assert_eq!(os["perspective"], "order_summary");
+    assert_eq!(os["head_position"], 1);
+    assert_eq!(os["stream_id"], cli_support::STREAM_A.to_string());
+    assert_eq!(os["attempts"], 3);
+    assert_eq!(os["failures"], 3);
+    assert_eq!(os["waiting"], 1);
+    assert_eq!(os["leased"], false);
+    assert!(os["next_retry_at"].is_string() && os["waiting_since"].is_string());
+    assert_eq!(os["last_error"], json!(error));
+    assert_eq!(
+        data["totals"],
+        json!([{"events": 1, "lanes": 1, "perspective": "order_summary"}])
+    );
+
+    // The fingerprint is the one its dead letter will have.
+    let fingerprint = os["fingerprint"].as_str().unwrap().to_owned();
+    env.dead_letter_with_error("order_summary", 1, "MaxAttemptsExceeded", &error)
+        .await;
+    let groups = groups_of(&env.run(&["dlq", "groups", "--json"]).await);
+    assert_eq!(groups[0]["fingerprint"], json!(fingerprint));
+    // Dead-lettered, the lane moves on: nothing blocked in order_summary any more.
+    let run = env
+        .run(&["status", "--blocked", "--perspective", "order_summary"])
+        .await;
+    run.expect(0, "No blocked lanes.\n", "");
+
+    // The plain status counts them too.
+    fail_head(&env, "order_summary", 3, 2, "boom").await;
+    let run = env.run(&["status", "--json"]).await;
+    let rows = run.json()["data"]["perspectives"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let os = rows
+        .iter()
+        .find(|p| p["perspective"] == "order_summary")
+        .unwrap();
+    assert_eq!(
+        (os["blocked_lanes"].clone(), os["blocked_events"].clone()),
+        (json!(1), json!(1))
+    );
+    let run = env.run(&["status"]).await;
+    assert!(
+        run.stdout.contains(
+            "1 blocked lane(s) holding 1 event(s) behind a parked or failing head: vantage status --blocked"
+        ),
+        "{run:#?}"
+    );
+    let run = env.run(&["status", "--blocked"]).await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(run.stdout.contains("| order_summary |"), "{run:#?}");
+    assert!(
+        run.stdout
+            .contains("1 blocked lane(s) holding 1 event(s) in 1 perspective(s)."),
+        "{run:#?}"
+    );
+    env.run(&["status", "--blocked", "--perspective", "nope"])
+        .await
+        .expect_error("No perspective named 'nope' is registered.");
+    assert_eq!(env.run(&["status", "--perspective", "audit"]).await.code, 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// perspectives pause | resume
+
+/// How many rows of `perspective` one claim of our instance takes (and gives them back, refunded).
+async fn claimed(env: &Env, perspective: &str) -> i64 {
+    let rows: Vec<(Uuid, String)> = sqlx::query_as(
+        "SELECT event_work_id, perspective_name \
+         FROM claim_perspective_work($1, 60, 100, 100, NULL)",
+    )
+    .bind(env.instance.0)
+    .fetch_all(env.store.pool())
+    .await
+    .unwrap();
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.0).collect();
+    sqlx::query("SELECT release_unstarted_leases($1, $2)")
+        .bind(env.instance.0)
+        .bind(&ids)
+        .execute(env.store.pool())
+        .await
+        .unwrap();
+    rows.iter().filter(|r| r.1 == perspective).count() as i64
+}
+
+#[tokio::test]
+async fn a_paused_perspective_is_not_claimed_until_it_is_resumed() {
+    let env = seeded().await;
+    assert_eq!(claimed(&env, "order_summary").await, 4);
+
+    let run = env
+        .run(&[
+            "perspectives",
+            "pause",
+            "order_summary",
+            "--reason",
+            "fixing the schema",
+        ])
+        .await;
+    run.expect(
+        0,
+        "Paused perspective 'order_summary': every daemon stops claiming it at its next claim; batches in flight finish, nothing is charged. Resume with: vantage perspectives resume order_summary\n",
+        "",
+    );
+    // Neither claim path takes it; the others are claimed as before; nobody is charged.
+    assert_eq!(claimed(&env, "order_summary").await, 0);
+    assert_eq!(claimed(&env, "audit").await, 4);
+    assert_eq!(
+        env.count(&format!(
+            "SELECT count(*) FROM get_stream_events('{}', ARRAY['{}'::uuid], 60) \
+             WHERE perspective_name = 'order_summary'",
+            env.instance.0,
+            cli_support::STREAM_A
+        ))
+        .await,
+        0
+    );
+    sqlx::query("SELECT release_unstarted_leases($1, ARRAY(SELECT event_work_id FROM wh_perspective_events WHERE instance_id = $1))")
+        .bind(env.instance.0)
+        .execute(env.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        env.count(
+            "SELECT count(*) FROM wh_perspective_events \
+             WHERE perspective_name = 'order_summary' AND attempts > 0"
+        )
+        .await,
+        0
+    );
+
+    // status (text and JSON) says so, with the reason and since when.
+    let run = env.run(&["status", "--json"]).await;
+    let rows = run.json()["data"]["perspectives"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let os = rows
+        .iter()
+        .find(|p| p["perspective"] == "order_summary")
+        .unwrap();
+    assert_eq!(os["paused"]["reason"], "fixing the schema");
+    assert_eq!(
+        os["paused"]["by"],
+        "operator tester@".to_owned() + &hostname()
+    );
+    assert!(os["paused"]["since"].is_string());
+    let audit = rows.iter().find(|p| p["perspective"] == "audit").unwrap();
+    assert_eq!(audit["paused"], Value::Null);
+    let run = env.run(&["status"]).await;
+    assert!(
+        run.stdout.contains("Paused: 'order_summary' since ")
+            && run.stdout.contains(": fixing the schema. Its work waits"),
+        "{run:#?}"
+    );
+
+    // Pausing again changes nothing; JSON.
+    let run = env
+        .run(&["perspectives", "pause", "order_summary", "--json"])
+        .await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    let data = &run.json()["data"];
+    assert_eq!(data["changed"], false);
+    assert_eq!(data["paused"], true);
+    assert_eq!(data["paused_reason"], "fixing the schema");
+
+    // Resume: claimed again.
+    env.run(&["perspectives", "resume", "order_summary"])
+        .await
+        .expect(
+            0,
+            "Resumed perspective 'order_summary': daemons claim its work again.\n",
+            "",
+        );
+    assert_eq!(claimed(&env, "order_summary").await, 4);
+    env.run(&["perspectives", "resume", "order_summary"])
+        .await
+        .expect(
+            0,
+            "Perspective 'order_summary' is not paused. Nothing was changed.\n",
+            "",
+        );
+    for verb in ["pause", "resume"] {
+        env.run(&["perspectives", verb, "nope"])
+            .await
+            .expect_error("No perspective named 'nope' is registered.");
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default()
+}

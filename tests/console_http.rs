@@ -1605,3 +1605,52 @@ async fn error_groups_are_listed_biggest_first_and_acted_on_through_the_bulk_pre
     let page = ok(get(&read_only, "/groups").await);
     assert!(page.contains(&other) && !page.contains("/bulk?"), "{page}");
 }
+
+#[tokio::test]
+async fn blocked_lanes_and_paused_perspectives_are_shown() {
+    let env = seeded().await;
+    let console = open_console(&env);
+    let page = ok(get(&console, "/blocked").await);
+    assert!(page.contains("No blocked lanes."), "{page}");
+
+    // The head of order_summary's stream A lane fails; position 2 waits behind it.
+    sqlx::query(
+        "UPDATE wh_perspective_events SET failures = 2, attempts = 2, \
+             last_error = 'invalid input syntax for type numeric: \"abc\" (SQLSTATE 22P02)', \
+             scheduled_for = now() + interval '1 hour' \
+         WHERE perspective_name = 'order_summary' AND global_position = 1",
+    )
+    .execute(env.store.pool())
+    .await
+    .unwrap();
+    let (response, page) = get(&console, "/blocked").await;
+    assert_eq!(response.status(), StatusCode::OK, "{page}");
+    assert_secure(&response, "/blocked");
+    assert!(
+        page.contains("<strong>1</strong> blocked lane(s) holding <strong>1</strong> event(s)"),
+        "{page}"
+    );
+    assert!(page.contains(&cli_support::STREAM_A.to_string()), "{page}");
+    assert!(page.contains("href=\"/dead-letters?group="), "{page}");
+    assert!(page.contains("in 59m") || page.contains("in 1h"), "{page}");
+    let only_audit = ok(get(&console, "/blocked?perspective=audit").await);
+    assert!(only_audit.contains("No blocked lanes."), "{only_audit}");
+
+    // The overview links to it, and shows a paused perspective with its reason.
+    let overview = ok(get(&console, "/").await);
+    assert!(
+        overview
+            .contains("<a class=\"alert\" href=\"/blocked?perspective=order_summary\">1 (1)</a>"),
+        "{overview}"
+    );
+    env.store
+        .pause_perspective("audit", Some("schema change"), "operator x@y")
+        .await
+        .unwrap();
+    let overview = ok(get(&console, "/").await);
+    assert!(overview.contains("paused since "), "{overview}");
+    assert!(
+        overview.contains(" by operator x@y: schema change"),
+        "{overview}"
+    );
+}

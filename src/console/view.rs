@@ -112,6 +112,11 @@ pub struct PerspectiveRow {
     pub dead_letters_href: String,
     pub oldest_age: String,
     pub lag_seconds: String,
+    pub blocked_lanes: i64,
+    pub blocked_events: i64,
+    pub blocked_href: String,
+    /// `paused since … by …: reason`, when paused.
+    pub paused: Option<String>,
 }
 
 /// A row of the overview's instance table.
@@ -314,4 +319,38 @@ pub struct GroupsPage {
     pub perspective: String,
     pub total: i64,
     pub groups: Vec<GroupRow>,
+}
+
+/// A row of the blocked lanes page.
+pub struct BlockedRow {
+    pub perspective: String,
+    pub stream: String,
+    pub head_position: i64,
+    pub event_type: String,
+    pub attempts: i32,
+    pub failures: i32,
+    pub next_retry: String,
+    pub fingerprint: String,
+    /// The dead-letter list of that fingerprint.
+    pub group_href: String,
+    pub error: String,
+    pub waiting: i64,
+    pub waiting_since: String,
+}
+
+/// `templates/console/blocked.html`.
+#[derive(Template)]
+#[template(path = "console/blocked.html")]
+pub struct BlockedPage {
+    pub read_only: bool,
+    pub flash: Option<Flash>,
+    pub now: String,
+    pub perspective: String,
+    pub total_lanes: i64,
+    pub total_events: i64,
+    /// Fewer lanes listed than are blocked.
+    pub truncated: bool,
+    /// (perspective, lanes, events).
+    pub totals: Vec<(String, i64, i64)>,
+    pub lanes: Vec<BlockedRow>,
 }

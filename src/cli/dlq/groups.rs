@@ -45,7 +45,7 @@ pub(super) async fn run(ctx: &Ctx<'_>, args: GroupsArgs) -> Result<Value, Failur
                 timestamp(&g.first_seen),
                 timestamp(&g.last_seen),
                 g.sample_position.to_string(),
-                shorten(&g.message, MESSAGE_SHOWN),
+                output::shorten(&g.message, MESSAGE_SHOWN),
             ]);
         }
         output::align_right(&mut t, &[4, 7]);
@@ -78,12 +78,4 @@ pub(super) async fn run(ctx: &Ctx<'_>, args: GroupsArgs) -> Result<Value, Failur
         })
         .collect();
     Ok(json!({ "groups": groups }))
-}
-
-/// The first `max` characters of `text`, with `…` when cut.
-pub(crate) fn shorten(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((i, _)) => format!("{}…", &text[..i]),
-        None => text.to_owned(),
-    }
 }

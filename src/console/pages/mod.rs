@@ -2,6 +2,7 @@
 //! (statement timeout included) and renders one template of [`view`](super::view).
 
 pub mod actions;
+pub mod blocked;
 pub mod bulk;
 pub mod dead_letters;
 pub mod detail;
