@@ -252,3 +252,40 @@ BEGIN
     ORDER BY pe.stream_id, pe.perspective_name, pe.stream_version;
 END
 $$;
+
+------------------------------------------------------------------------------------------------
+-- Replay dry run (`vantage dlq replay POSITION --dry-run`)
+------------------------------------------------------------------------------------------------
+
+-- The primary key columns of a table, in key order (NULL when it has none).
+CREATE FUNCTION wh_primary_key(p_table regclass) RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT array_agg(a.attname::text ORDER BY k.ord)
+    FROM pg_index i
+    CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+    JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+    WHERE i.indrelid = p_table AND i.indisprimary;
+$$;
+
+-- The row of p_table whose primary key is that of p_row (a row of that table as jsonb), as
+-- jsonb, as this transaction sees it now; NULL when there is none (or the table has no primary
+-- key). A dry run reads it before and after the handler's statement, both inside the
+-- transaction it rolls back. Identifiers are quoted (%I, regclass), values bound.
+CREATE FUNCTION wh_read_model_row(p_table regclass, p_row jsonb) RETURNS jsonb
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_cols  text[] := wh_primary_key(p_table);
+    v_where text;
+    v_out   jsonb;
+BEGIN
+    IF v_cols IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT string_agg(format('t.%1$I IS NOT DISTINCT FROM k.%1$I', c), ' AND ') INTO v_where
+    FROM unnest(v_cols) AS c;
+    EXECUTE format('SELECT to_jsonb(t) FROM %s t, jsonb_populate_record(NULL::%s, $1) k WHERE %s',
+                   p_table, p_table, v_where)
+        INTO v_out USING p_row;
+    RETURN v_out;
+END
+$$;

@@ -497,3 +497,137 @@ fn hostname() -> String {
         .map(|h| h.trim().to_owned())
         .unwrap_or_default()
 }
+
+// ---------------------------------------------------------------------------------------------
+// dlq replay --dry-run
+
+#[tokio::test]
+async fn replay_dry_run_shows_the_rows_before_and_after_or_the_error_and_writes_nothing() {
+    let env = seeded().await;
+    for (p, n) in [
+        ("order_summary", 1),
+        ("order_summary", 2),
+        ("order_summary", 4),
+        ("audit", 1),
+    ] {
+        env.dead_letter(p, n, "MaxAttemptsExceeded").await;
+    }
+    let order_3 = cli_support::ORDER_3;
+    sqlx::query(
+        "INSERT INTO public.order_summary (order_id, total, status) VALUES ($1::uuid, 7, 'placed')",
+    )
+    .bind(order_3)
+    .execute(env.store.pool())
+    .await
+    .unwrap();
+    let header = |n: i64, p: &str| {
+        format!("Dry run of the replay of position {n} through '{p}' (in a transaction that was rolled back: nothing was written, no history).\n")
+    };
+
+    // The poison event: the error it would fail with, exit 1.
+    let error = "invalid input syntax for type numeric: \"abc\" (SQLSTATE 22P02)";
+    env.run(&[
+        "dlq",
+        "replay",
+        "2",
+        "--perspective",
+        "order_summary",
+        "--dry-run",
+    ])
+    .await
+    .expect(
+        1,
+        &format!("{}The handler fails: {error}\n", header(2, "order_summary")),
+        &format!("A replay of position 2 would fail again: {error}. Nothing was done.\n"),
+    );
+
+    // An insert: no row before, the new row after.
+    let run = env
+        .run(&[
+            "dlq",
+            "replay",
+            "1",
+            "--perspective",
+            "order_summary",
+            "--dry-run",
+        ])
+        .await;
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{run:#?}");
+    assert_eq!(
+        run.stdout,
+        format!(
+            "{}The handler succeeds: a replay would resolve position 1.\n\
+             Rows it would write (1):\n  \
+             public.order_summary (primary key order_id):\n    \
+             before: (none)\n    \
+             after:  {{\"order_id\":\"{}\",\"status\":\"placed\",\"total\":10.5}}\n\
+             To replay it: vantage dlq replay 1 --perspective order_summary\n",
+            header(1, "order_summary"),
+            cli_support::ORDER_1
+        )
+    );
+
+    // An update: before and after, JSON.
+    let run = env
+        .run(&[
+            "dlq",
+            "replay",
+            "4",
+            "--perspective",
+            "order_summary",
+            "--dry-run",
+            "--json",
+        ])
+        .await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    let data = &run.json()["data"];
+    assert_eq!(data["outcome"], "would_resolve");
+    assert_eq!(data["dry_run"], true);
+    assert_eq!(data["changes"]["kind"], "rows");
+    let row = &data["changes"]["rows"][0];
+    assert_eq!(row["table"], "public.order_summary");
+    assert_eq!(row["key"], json!(["order_id"]));
+    assert_eq!(row["before"]["status"], "placed");
+    assert_eq!(row["after"]["status"], "shipped");
+
+    // A table without a primary key: the row written, no before.
+    let run = env
+        .run(&["dlq", "replay", "1", "--perspective", "audit", "--dry-run"])
+        .await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(
+        run.stdout
+            .contains("  public.audit_log (no primary key: before not known):\n    written: {"),
+        "{run:#?}"
+    );
+
+    // Nothing was written: the read model as before, every dead letter open, no history.
+    assert_eq!(
+        env.count("SELECT count(*) FROM public.order_summary").await,
+        1
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM public.order_summary WHERE status = 'placed'")
+            .await,
+        1
+    );
+    assert_eq!(env.count("SELECT count(*) FROM public.audit_log").await, 0);
+    for (p, n) in [
+        ("order_summary", 1),
+        ("order_summary", 2),
+        ("order_summary", 4),
+        ("audit", 1),
+    ] {
+        assert_eq!(env.status_of(p, n).await, "exhausted");
+        assert_eq!(
+            env.history_of(p, n).await.len(),
+            1,
+            "{p} {n}: Exhausted only"
+        );
+    }
+
+    // The same refusals as a replay.
+    env.run(&["dlq", "replay", "3", "--dry-run"])
+        .await
+        .expect_error("No dead-lettered event at position 3.");
+}

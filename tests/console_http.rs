@@ -1654,3 +1654,47 @@ async fn blocked_lanes_and_paused_perspectives_are_shown() {
         "{overview}"
     );
 }
+
+#[tokio::test]
+async fn the_detail_page_previews_a_replay_without_writing_anything() {
+    let env = seeded().await;
+    env.dead_letter("order_summary", 1, "MaxAttemptsExceeded")
+        .await;
+    env.dead_letter("order_summary", 2, "MaxAttemptsExceeded")
+        .await;
+    let console = open_console(&env);
+
+    let page = ok(get(&console, "/dead-letters/1/order_summary").await);
+    assert!(
+        page.contains("href=\"/dead-letters/1/order_summary?preview=replay#replay-preview\""),
+        "{page}"
+    );
+    assert!(!page.contains("What a replay would change"), "{page}");
+
+    let page = ok(get(&console, "/dead-letters/1/order_summary?preview=replay").await);
+    assert!(page.contains("What a replay would change"), "{page}");
+    assert!(
+        page.contains("The handler succeeds: a replay would resolve position 1."),
+        "{page}"
+    );
+    assert!(
+        page.contains("<td>public.order_summary</td><td>order_id</td>"),
+        "{page}"
+    );
+    assert!(page.contains("<pre>(none)</pre>"), "{page}");
+    assert!(page.contains(cli_support::ORDER_1), "{page}");
+
+    let page = ok(get(&console, "/dead-letters/2/order_summary?preview=replay").await);
+    assert!(
+        page.contains("The handler fails: invalid input syntax for type numeric"),
+        "{page}"
+    );
+
+    // Nothing was written, no history.
+    assert_eq!(
+        env.count("SELECT count(*) FROM public.order_summary").await,
+        0
+    );
+    assert_eq!(env.status_of("order_summary", 1).await, "exhausted");
+    assert_eq!(env.history_of("order_summary", 1).await.len(), 1);
+}

@@ -233,6 +233,8 @@ pub struct DetailPage {
     pub flash: Option<Flash>,
     /// The action forms: shown when the dead letter is open and the console not read-only.
     pub actions: Option<ActionsView>,
+    /// What a replay would change (`?preview=replay`: a dry run, rolled back).
+    pub preview: Option<ReplayPreviewView>,
     pub list_href: String,
     pub dl: DeadLetterView,
     pub event: Option<EventView>,
@@ -246,6 +248,8 @@ pub struct ActionsView {
     pub dead_letter_id: String,
     /// The replay warning, as the CLI prints it.
     pub replay_warning: String,
+    /// This page with the replay's dry run.
+    pub preview_href: String,
     /// Why replay cannot run here (no handler in this configuration), if so.
     pub replay_unavailable: Option<String>,
     /// What a purge does.
@@ -353,4 +357,23 @@ pub struct BlockedPage {
     /// (perspective, lanes, events).
     pub totals: Vec<(String, i64, i64)>,
     pub lanes: Vec<BlockedRow>,
+}
+
+/// A row a replay would write, for the detail page's preview.
+pub struct PreviewRow {
+    pub table: String,
+    pub key: String,
+    pub before: String,
+    pub after: String,
+}
+
+/// A replay's dry run, for the detail page.
+pub struct ReplayPreviewView {
+    pub header: String,
+    /// The handler would succeed.
+    pub ok: bool,
+    pub summary: String,
+    pub rows: Vec<PreviewRow>,
+    /// What the statement returns, when it returns rows of its own.
+    pub returned: Vec<String>,
 }

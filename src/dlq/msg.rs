@@ -126,3 +126,18 @@ pub fn grouped(events: i64, groups: usize) -> String {
 pub fn groups_hint(fingerprint: &str, sample: i64, perspective: &str) -> String {
     format!("Biggest group: vantage dlq inspect {sample} --perspective {perspective}; vantage dlq replay {sample} --perspective {perspective} --dry-run; vantage dlq requeue --group {fingerprint} --dry-run")
 }
+pub fn dry_run_header(position: i64, perspective: &str) -> String {
+    format!("Dry run of the replay of position {position} through '{perspective}' (in a transaction that was rolled back: nothing was written, no history).")
+}
+pub fn dry_run_would_resolve(position: i64) -> String {
+    format!("The handler succeeds: a replay would resolve position {position}.")
+}
+pub fn dry_run_would_fail(error: &str) -> String {
+    format!("The handler fails: {error}")
+}
+pub fn dry_run_failed(position: i64, error: &str) -> String {
+    format!("A replay of position {position} would fail again: {error}. Nothing was done.")
+}
+pub fn dry_run_footer(position: i64, perspective: &str) -> String {
+    format!("To replay it: vantage dlq replay {position} --perspective {perspective}")
+}

@@ -9,6 +9,7 @@ pub mod bench;
 mod claims;
 mod console;
 mod dead_letters;
+pub mod dry_run;
 mod events;
 mod instances;
 mod operator;
