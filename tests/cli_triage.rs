@@ -560,7 +560,7 @@ async fn replay_dry_run_shows_the_rows_before_and_after_or_the_error_and_writes_
              Rows it would write (1):\n  \
              public.order_summary (primary key order_id):\n    \
              before: (none)\n    \
-             after:  {{\"order_id\":\"{}\",\"status\":\"placed\",\"total\":10.5}}\n\
+             after:  {{\"total\": 10.50, \"status\": \"placed\", \"order_id\": \"{}\"}}\n\
              To replay it: vantage dlq replay 1 --perspective order_summary\n",
             header(1, "order_summary"),
             cli_support::ORDER_1

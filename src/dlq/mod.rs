@@ -355,12 +355,12 @@ pub struct RowChange {
     pub table: String,
     /// Its primary key columns (`None`: it has none, so before and after cannot be read).
     pub key: Option<Vec<String>>,
-    /// The row before the statement (`None`: there was none: an insert).
-    pub before: Option<serde_json::Value>,
-    /// The row after it (`None`: there is none any more: a delete).
-    pub after: Option<serde_json::Value>,
-    /// The row as the statement's RETURNING saw it.
-    pub written: serde_json::Value,
+    /// The row before the statement, as JSON text (`None`: there was none: an insert).
+    pub before: Option<String>,
+    /// The row after it, as JSON text (`None`: there is none any more: a delete).
+    pub after: Option<String>,
+    /// The row as the statement's RETURNING saw it, as JSON text.
+    pub written: String,
 }
 
 /// What the statement's effect could be shown as.
@@ -368,8 +368,8 @@ pub struct RowChange {
 pub enum Preview {
     /// The rows it inserts, updates or deletes, before and after.
     Rows(Vec<RowChange>),
-    /// It returns rows of its own (a RETURNING clause, a SELECT): those.
-    Returned(Vec<serde_json::Value>),
+    /// It returns rows of its own (a RETURNING clause, a SELECT): those, as JSON text.
+    Returned(Vec<String>),
     /// Neither could be read; the statement ran (or failed) all the same.
     Unavailable,
 }

@@ -42,8 +42,8 @@ pub struct WrittenRow {
     pub table_oid: i64,
     /// The table's name as the session sees it (`order_summary`, `public.order_summary`).
     pub table: String,
-    /// The row as `to_jsonb` writes it.
-    pub row: Value,
+    /// The row as `to_jsonb` writes it, as text (numbers exactly as stored).
+    pub row: String,
 }
 
 fn trimmed(statement: &str) -> &str {
@@ -93,11 +93,11 @@ pub async fn written_rows_in(
     let sql = format!(
         "WITH __vantage_w AS ({} RETURNING tableoid AS __vantage_oid, *) \
          SELECT __vantage_oid::bigint, __vantage_oid::regclass::text, \
-                to_jsonb(__vantage_w) - '__vantage_oid' \
+                (to_jsonb(__vantage_w) - '__vantage_oid')::text \
          FROM __vantage_w LIMIT {limit}",
         trimmed(statement)
     );
-    let rows: Vec<(i64, String, Value)> = bind_params!(sqlx::query_as(&sql), p)
+    let rows: Vec<(i64, String, String)> = bind_params!(sqlx::query_as(&sql), p)
         .fetch_all(conn)
         .await
         .map_err(map_db_error)?;
@@ -113,15 +113,15 @@ pub async fn written_rows_in(
 
 /// Runs `statement` as it is and returns what it returns, each row as JSON (for a statement
 /// with its own RETURNING clause, or a SELECT). An error when it returns nothing one can select
-/// from (a plain INSERT/UPDATE/DELETE) or fails.
+/// from (a plain INSERT/UPDATE/DELETE) or fails. Each row is JSON text.
 pub async fn returned_rows_in(
     conn: &mut PgConnection,
     statement: &str,
     p: &EventParams,
     limit: i64,
-) -> Result<Vec<Value>, StoreError> {
+) -> Result<Vec<String>, StoreError> {
     let sql = format!(
-        "WITH __vantage_w AS ({}) SELECT to_jsonb(__vantage_w) FROM __vantage_w LIMIT {limit}",
+        "WITH __vantage_w AS ({}) SELECT to_jsonb(__vantage_w)::text FROM __vantage_w LIMIT {limit}",
         trimmed(statement)
     );
     bind_params!(sqlx::query_scalar(&sql), p)
@@ -142,13 +142,14 @@ pub async fn primary_key_in(
         .map_err(map_db_error)
 }
 
-/// The row of the table with the primary key of `row`, as this transaction sees it now.
+/// The row of the table with the primary key of `row` (JSON text), as this transaction sees it
+/// now, as JSON text.
 pub async fn read_model_row_in(
     conn: &mut PgConnection,
     table_oid: i64,
-    row: &Value,
-) -> Result<Option<Value>, StoreError> {
-    sqlx::query_scalar("SELECT wh_read_model_row($1::bigint::oid::regclass, $2)")
+    row: &str,
+) -> Result<Option<String>, StoreError> {
+    sqlx::query_scalar("SELECT wh_read_model_row($1::bigint::oid::regclass, $2::jsonb)::text")
         .bind(table_oid)
         .bind(row)
         .fetch_one(conn)

@@ -95,11 +95,11 @@ fn report_dry_run(ctx: &Ctx<'_>, dl: &DeadLetter, outcome: DryRun) -> Result<Val
                 }
             }
             json!({"kind": "rows", "rows": rows.iter().map(|r| json!({
-                "after": r.after,
-                "before": r.before,
+                "after": r.after.as_deref().map(parse),
+                "before": r.before.as_deref().map(parse),
                 "key": r.key,
                 "table": r.table,
-                "written": r.written,
+                "written": parse(&r.written),
             })).collect::<Vec<_>>()})
         }
         Preview::Returned(rows) => {
@@ -108,7 +108,7 @@ fn report_dry_run(ctx: &Ctx<'_>, dl: &DeadLetter, outcome: DryRun) -> Result<Val
             for r in rows {
                 ctx.ui.say(format!("  {r}"));
             }
-            json!({"kind": "returned", "rows": rows})
+            json!({"kind": "returned", "rows": rows.iter().map(|r| parse(r)).collect::<Vec<_>>()})
         }
         Preview::Unavailable => {
             ctx.ui.say("Which rows it writes could not be read (the statement is not a plain INSERT, UPDATE or DELETE).");
@@ -121,8 +121,13 @@ fn report_dry_run(ctx: &Ctx<'_>, dl: &DeadLetter, outcome: DryRun) -> Result<Val
     Ok(Value::Object(data))
 }
 
-fn row_text(row: Option<&Value>) -> String {
-    row.map_or_else(|| "(none)".to_owned(), Value::to_string)
+fn row_text(row: Option<&String>) -> String {
+    row.map_or_else(|| "(none)".to_owned(), String::clone)
+}
+
+/// A row's JSON text as a value for the envelope (the text output prints it exactly).
+fn parse(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
 }
 
 /// The only way this command changes anything, hence the token.

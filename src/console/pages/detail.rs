@@ -63,9 +63,7 @@ async fn replay_preview(state: &ConsoleState, dl: &DeadLetter) -> ReplayPreviewV
         }) => {
             view.ok = true;
             view.summary = msg::dry_run_would_resolve(n);
-            let text = |v: &Option<serde_json::Value>| {
-                v.as_ref().map_or_else(|| "(none)".to_owned(), pretty)
-            };
+            let text = |v: &Option<String>| v.clone().unwrap_or_else(|| "(none)".to_owned());
             match preview {
                 Preview::Rows(rows) => {
                     if rows.is_empty() {
@@ -86,13 +84,13 @@ async fn replay_preview(state: &ConsoleState, dl: &DeadLetter) -> ReplayPreviewV
                             after: if r.key.is_some() {
                                 text(&r.after)
                             } else {
-                                pretty(&r.written)
+                                r.written.clone()
                             },
                             table: r.table,
                         })
                         .collect();
                 }
-                Preview::Returned(rows) => view.returned = rows.iter().map(pretty).collect(),
+                Preview::Returned(rows) => view.returned = rows,
                 Preview::Unavailable => view.summary.push_str(
                     " Which rows it writes could not be read (the statement is not a plain INSERT, UPDATE or DELETE).",
                 ),
