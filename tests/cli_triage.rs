@@ -631,3 +631,182 @@ async fn replay_dry_run_shows_the_rows_before_and_after_or_the_error_and_writes_
         .await
         .expect_error("No dead-lettered event at position 3.");
 }
+
+// ---------------------------------------------------------------------------------------------
+// A running daemon: pause stops its claims within a poll interval, resume starts them again
+
+#[tokio::test]
+async fn a_running_daemon_stops_claiming_a_paused_perspective_and_resumes() {
+    use std::time::Duration;
+    let env = common::migrated_database().await;
+    env.exec(
+        "CREATE TABLE public.applied (event_id uuid PRIMARY KEY); \
+         CREATE TABLE public.other (event_id uuid PRIMARY KEY)",
+    )
+    .await;
+    let settings = common::fast_settings(
+        &env.url,
+        r#"
+[[perspectives]]
+name = "paused_one"
+events = ["Tick"]
+[perspectives.sql]
+Tick = "INSERT INTO public.applied (event_id) VALUES ($3)"
+
+[[perspectives]]
+name = "running_one"
+events = ["Tick"]
+[perspectives.sql]
+Tick = "INSERT INTO public.other (event_id) VALUES ($3)"
+"#,
+    );
+    let daemon = vantage::daemon::DaemonBuilder::new(settings)
+        .store(env.store.clone())
+        .without_http()
+        .start()
+        .await
+        .expect("daemon starts");
+    let tick = |n: i64| vantage::store::NewEvent::new("Tick", json!({ "n": n }));
+
+    env.store
+        .append_events(Uuid::new_v4(), None, &[tick(1)])
+        .await
+        .unwrap();
+    env.wait_until(
+        "SELECT count(*) FROM public.applied",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+
+    assert_eq!(
+        env.store
+            .pause_perspective("paused_one", Some("test"), "tester")
+            .await
+            .unwrap(),
+        Some(true)
+    );
+    // Claims already under way may still finish: give them a poll interval.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for n in 2..=6 {
+        env.store
+            .append_events(Uuid::new_v4(), None, &[tick(n)])
+            .await
+            .unwrap();
+    }
+    // The other perspective drains; the paused one is not claimed: nothing leased, nobody
+    // charged, its read model unchanged.
+    env.wait_until(
+        "SELECT count(*) FROM public.other",
+        6,
+        Duration::from_secs(30),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(env.scalar("SELECT count(*) FROM public.applied").await, 1);
+    assert_eq!(
+        env.scalar(
+            "SELECT count(*) FROM wh_perspective_events \
+             WHERE perspective_name = 'paused_one' AND instance_id IS NULL AND attempts = 0"
+        )
+        .await,
+        5
+    );
+
+    assert_eq!(
+        env.store.resume_perspective("paused_one").await.unwrap(),
+        Some(true)
+    );
+    env.wait_until(
+        "SELECT count(*) FROM public.applied",
+        6,
+        Duration::from_secs(30),
+    )
+    .await;
+    daemon.shutdown().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ctrl-C in the middle of a bulk action
+
+#[tokio::test]
+async fn an_interrupted_bulk_requeue_leaves_every_dead_letter_done_or_untouched() {
+    use std::time::Duration;
+    let env = cli_support::Env::new().await;
+    // 5 000 dead letters of one group, made in SQL (one statement each would take too long).
+    sqlx::query(
+        "SELECT count(*) FROM append_events(gen_random_uuid(), NULL, \
+             (SELECT jsonb_agg(jsonb_build_object('event_type', 'OrderPlaced', \
+                 'data', jsonb_build_object('order_id', gen_random_uuid(), 'total', 'x'))) \
+              FROM generate_series(1, 5000)))",
+    )
+    .execute(env.store.pool())
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE wh_perspective_events SET instance_id = $1, lease_expiry = now() + interval '1 hour', \
+             attempts = 11, last_error = 'boom (SQLSTATE 22P02)' \
+         WHERE perspective_name = 'order_summary'",
+    )
+    .bind(env.instance.0)
+    .execute(env.store.pool())
+    .await
+    .unwrap();
+    sqlx::query(
+        "SELECT count(move_to_dead_letters(gen_random_uuid(), 'wh_perspective_events', \
+             event_work_id, 'MaxAttemptsExceeded', 'claimed 11 times', $1)) \
+         FROM wh_perspective_events WHERE perspective_name = 'order_summary'",
+    )
+    .bind(env.instance.0)
+    .execute(env.store.pool())
+    .await
+    .unwrap();
+    let fp: String = sqlx::query_scalar(
+        "SELECT DISTINCT error_fingerprint FROM wh_dead_letters WHERE perspective_name = 'order_summary'",
+    )
+    .fetch_one(env.store.pool())
+    .await
+    .unwrap();
+
+    let mut child = env
+        .command(&["dlq", "requeue", "--group", &fp, "--yes"])
+        .spawn()
+        .expect("spawn");
+    let requeued = "SELECT count(*) FROM wh_dead_letters WHERE status = 'requeued'";
+    let started = std::time::Instant::now();
+    while env.count(requeued).await < 100 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the requeue never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("it stops soon after Ctrl-C")
+        .unwrap();
+    let done = env.count(requeued).await;
+    if done < 5000 {
+        assert_eq!(status.code(), Some(130), "interrupted: {status:?}");
+    }
+    // Each one is done (requeued, with its work row back) or untouched (still exhausted).
+    assert_eq!(
+        env.count(
+            "SELECT count(*) FROM wh_perspective_events WHERE perspective_name = 'order_summary'"
+        )
+        .await,
+        done
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM wh_dead_letters WHERE status = 'exhausted'")
+            .await,
+        5000 - done
+    );
+    assert_eq!(
+        env.count("SELECT count(*) FROM wh_dead_letter_history WHERE kind = 'Requeued'")
+            .await,
+        done
+    );
+}
