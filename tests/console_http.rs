@@ -1497,3 +1497,204 @@ async fn credentials_can_come_from_files_and_are_never_shown() {
     let (response, body) = send(&console, request).await;
     assert_eq!(response.status(), StatusCode::OK, "{body}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Triage (issue 11): error groups, blocked lanes, paused perspectives
+
+/// Dead letters in two groups: order_summary 1 and 2 (the same numeric error with different
+/// values), audit 3 (another error).
+async fn with_groups() -> Env {
+    let env = seeded().await;
+    for (position, value) in [(1, "abc"), (2, "x1")] {
+        env.dead_letter_with_error(
+            "order_summary",
+            position,
+            "MaxAttemptsExceeded",
+            &format!("invalid input syntax for type numeric: \"{value}\" (SQLSTATE 22P02)"),
+        )
+        .await;
+    }
+    env.dead_letter_with_error("audit", 3, "PermanentFailure", "boom at 12")
+        .await;
+    env
+}
+
+async fn fingerprint_of(env: &Env, perspective: &str, position: i64) -> String {
+    sqlx::query_scalar(
+        "SELECT error_fingerprint FROM wh_dead_letters \
+         WHERE perspective_name = $1 AND global_position = $2",
+    )
+    .bind(perspective)
+    .bind(position)
+    .fetch_one(env.store.pool())
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn error_groups_are_listed_biggest_first_and_acted_on_through_the_bulk_preview() {
+    let env = with_groups().await;
+    let console = open_console(&env);
+    let numeric = fingerprint_of(&env, "order_summary", 1).await;
+    let other = fingerprint_of(&env, "audit", 3).await;
+    assert_eq!(numeric, fingerprint_of(&env, "order_summary", 2).await);
+    assert_ne!(numeric, other);
+
+    let (response, page) = get(&console, "/groups").await;
+    assert_eq!(response.status(), StatusCode::OK, "{page}");
+    assert_secure(&response, "/groups");
+    assert!(
+        page.contains("3 open dead letter(s) in 2 group(s)."),
+        "{page}"
+    );
+    let (first, second) = (page.find(&numeric).unwrap(), page.find(&other).unwrap());
+    assert!(first < second, "biggest first: {page}");
+    assert!(
+        page.contains("invalid input syntax for type numeric: &quot;?&quot;")
+            || page.contains("invalid input syntax for type numeric: &#34;?&#34;"),
+        "{page}"
+    );
+    assert!(page.contains("22P02"), "{page}");
+    assert!(
+        page.contains(&format!(
+            "href=\"/bulk?action=requeue&amp;group={numeric}\""
+        )),
+        "{page}"
+    );
+    // The list filtered by the group.
+    let list = ok(get(&console, &format!("/dead-letters?group={numeric}")).await);
+    assert!(list.contains("2 matching dead letter(s)."), "{list}");
+    assert_eq!(positions(&list, "order_summary"), vec![2, 1]);
+    assert!(positions(&list, "audit").is_empty(), "{list}");
+    // One perspective only.
+    let audit = ok(get(&console, "/groups?perspective=audit").await);
+    assert!(
+        !audit.contains(&numeric) && audit.contains(&other),
+        "{audit}"
+    );
+
+    // Requeue the group: the preview's count, then exactly those.
+    let preview = ok(get(&console, &format!("/bulk?action=requeue&group={numeric}")).await);
+    assert!(
+        preview.contains("<strong>2</strong> open dead letter(s) match now"),
+        "{preview}"
+    );
+    let response = confirm(&console, &confirmation(&preview, &[("group", &numeric)])).await;
+    let page = ok(follow(&console, &response).await);
+    assert!(
+        page.contains("Requeued 2 of 2 dead-lettered event(s)."),
+        "{page}"
+    );
+    assert_eq!(env.status_of("order_summary", 1).await, "requeued");
+    assert_eq!(env.status_of("order_summary", 2).await, "requeued");
+    assert_eq!(env.status_of("audit", 3).await, "exhausted");
+    let page = ok(get(&console, "/groups").await);
+    assert!(
+        page.contains("1 open dead letter(s) in 1 group(s)."),
+        "{page}"
+    );
+
+    // Read-only: the groups, no action.
+    let read_only = console_with(
+        &env,
+        &ConsoleSettings {
+            read_only: true,
+            ..ConsoleSettings::default()
+        },
+    );
+    let page = ok(get(&read_only, "/groups").await);
+    assert!(page.contains(&other) && !page.contains("/bulk?"), "{page}");
+}
+
+#[tokio::test]
+async fn blocked_lanes_and_paused_perspectives_are_shown() {
+    let env = seeded().await;
+    let console = open_console(&env);
+    let page = ok(get(&console, "/blocked").await);
+    assert!(page.contains("No blocked lanes."), "{page}");
+
+    // The head of order_summary's stream A lane fails; position 2 waits behind it.
+    sqlx::query(
+        "UPDATE wh_perspective_events SET failures = 2, attempts = 2, \
+             last_error = 'invalid input syntax for type numeric: \"abc\" (SQLSTATE 22P02)', \
+             scheduled_for = now() + interval '1 hour' \
+         WHERE perspective_name = 'order_summary' AND global_position = 1",
+    )
+    .execute(env.store.pool())
+    .await
+    .unwrap();
+    let (response, page) = get(&console, "/blocked").await;
+    assert_eq!(response.status(), StatusCode::OK, "{page}");
+    assert_secure(&response, "/blocked");
+    assert!(
+        page.contains("<strong>1</strong> blocked lane(s) holding <strong>1</strong> event(s)"),
+        "{page}"
+    );
+    assert!(page.contains(&cli_support::STREAM_A.to_string()), "{page}");
+    assert!(page.contains("href=\"/dead-letters?group="), "{page}");
+    assert!(page.contains("in 59m") || page.contains("in 1h"), "{page}");
+    let only_audit = ok(get(&console, "/blocked?perspective=audit").await);
+    assert!(only_audit.contains("No blocked lanes."), "{only_audit}");
+
+    // The overview links to it, and shows a paused perspective with its reason.
+    let overview = ok(get(&console, "/").await);
+    assert!(
+        overview
+            .contains("<a class=\"alert\" href=\"/blocked?perspective=order_summary\">1 (1)</a>"),
+        "{overview}"
+    );
+    env.store
+        .pause_perspective("audit", Some("schema change"), "operator x@y")
+        .await
+        .unwrap();
+    let overview = ok(get(&console, "/").await);
+    assert!(overview.contains("paused since "), "{overview}");
+    assert!(
+        overview.contains(" by operator x@y: schema change"),
+        "{overview}"
+    );
+}
+
+#[tokio::test]
+async fn the_detail_page_previews_a_replay_without_writing_anything() {
+    let env = seeded().await;
+    env.dead_letter("order_summary", 1, "MaxAttemptsExceeded")
+        .await;
+    env.dead_letter("order_summary", 2, "MaxAttemptsExceeded")
+        .await;
+    let console = open_console(&env);
+
+    let page = ok(get(&console, "/dead-letters/1/order_summary").await);
+    assert!(
+        page.contains("href=\"/dead-letters/1/order_summary?preview=replay#replay-preview\""),
+        "{page}"
+    );
+    assert!(!page.contains("What a replay would change"), "{page}");
+
+    let page = ok(get(&console, "/dead-letters/1/order_summary?preview=replay").await);
+    assert!(page.contains("What a replay would change"), "{page}");
+    assert!(
+        page.contains("The handler succeeds: a replay would resolve position 1."),
+        "{page}"
+    );
+    assert!(
+        page.contains("<td>public.order_summary</td><td>order_id</td>"),
+        "{page}"
+    );
+    assert!(page.contains("<pre>(none)</pre>"), "{page}");
+    assert!(page.contains(cli_support::ORDER_1), "{page}");
+
+    let page = ok(get(&console, "/dead-letters/2/order_summary?preview=replay").await);
+    assert!(
+        page.contains("The handler fails: invalid input syntax for type numeric"),
+        "{page}"
+    );
+
+    // Nothing was written, no history.
+    assert_eq!(
+        env.count("SELECT count(*) FROM public.order_summary").await,
+        0
+    );
+    assert_eq!(env.status_of("order_summary", 1).await, "exhausted");
+    assert_eq!(env.history_of("order_summary", 1).await.len(), 1);
+}

@@ -155,6 +155,12 @@ fn assert_mentions_dead_letters_and_commands(run: &Run) {
         " dlq inspect ",
         " dlq replay ",
         " dlq requeue --all --dry-run",
+        // Issue 11: the triage commands, and the group fix.
+        " status --blocked",
+        " dlq groups",
+        " --dry-run",
+        " dlq requeue --group ",
+        "ALTER TABLE demo.revenue_by_day ALTER COLUMN revenue TYPE numeric(20,2);",
         " dlq purge ",
         "/metrics",
         // Issue 10: the demo serves the console too and says where.
@@ -211,10 +217,30 @@ async fn demo_once_drains_the_sample_and_dead_letters_the_poison_events() {
         assert_eq!(event_type.as_deref(), Some("OrderPaid"));
         assert_eq!(status, "exhausted");
         let error = error.as_deref().unwrap_or("");
-        assert!(error.contains("numeric"), "{error}");
+        assert!(
+            error.contains("numeric") || error.contains("violates not-null constraint"),
+            "{error}"
+        );
     }
+    // Issue 11: three producer bugs, three error groups (SQLSTATEs as the daemon records them).
+    let groups: Vec<(Option<String>, i64)> = sqlx::query_as(
+        "SELECT vantage.wh_error_sqlstate(error_text), count(*) FROM vantage.wh_dead_letters \
+         GROUP BY error_fingerprint, 1 ORDER BY 1",
+    )
+    .fetch_all(&mut *c)
+    .await
+    .expect("groups");
+    assert_eq!(
+        groups,
+        vec![
+            (Some("22003".to_owned()), 1),
+            (Some("22P02".to_owned()), 1),
+            (Some("23502".to_owned()), 1)
+        ]
+    );
     let poison_sql = "FROM vantage.wh_event_store \
-                      WHERE event_type = 'OrderPaid' AND event_data->>'amount' LIKE '%,%'";
+                      WHERE event_type = 'OrderPaid' AND (event_data->>'amount' IS NULL \
+                        OR event_data->>'amount' LIKE '%,%' OR length(event_data->>'amount') > 12)";
     assert_eq!(
         count(c, &format!("SELECT count(*) {poison_sql}")).await,
         POISON_EVENTS
@@ -272,7 +298,8 @@ async fn demo_once_drains_the_sample_and_dead_letters_the_poison_events() {
         "SELECT (SELECT sum(orders) FROM demo.revenue_by_day)::int8, \
                 (SELECT sum(revenue) FROM demo.revenue_by_day) = \
                     (SELECT sum((event_data->>'amount')::numeric) FROM vantage.wh_event_store \
-                     WHERE event_type = 'OrderPaid' AND event_data->>'amount' NOT LIKE '%,%'), \
+                     WHERE event_type = 'OrderPaid' AND event_data->>'amount' NOT LIKE '%,%' \
+                       AND length(event_data->>'amount') <= 12), \
                 (SELECT sum(refunds) FROM demo.revenue_by_day) = \
                     (SELECT coalesce(sum((event_data->>'refund_amount')::numeric), 0) \
                      FROM vantage.wh_event_store WHERE event_type = 'OrderCancelled')",

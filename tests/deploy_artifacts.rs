@@ -75,7 +75,12 @@ fn emit_every_metric() {
                 metrics::histogram!(name, m::LABEL_PERSPECTIVE => P).record(0.004);
             }
             m::CLAIM_DURATION_SECONDS => metrics::histogram!(name).record(0.002),
-            m::BACKLOG_EVENTS | m::DEAD_LETTERS | m::OLDEST_PENDING_AGE_SECONDS => {
+            m::BACKLOG_EVENTS
+            | m::DEAD_LETTERS
+            | m::OLDEST_PENDING_AGE_SECONDS
+            | m::BLOCKED_LANES
+            | m::BLOCKED_EVENTS
+            | m::PERSPECTIVE_PAUSED => {
                 metrics::gauge!(name, m::LABEL_PERSPECTIVE => P).set(1.0);
             }
             m::INSTANCES_LIVE => metrics::gauge!(name).set(1.0),
@@ -228,6 +233,9 @@ async fn dashboard_and_alerts_use_only_metrics_the_daemon_exports() {
         m::INSTANCES_LIVE,
         m::DEAD_LETTER_MOVE_ERRORS_TOTAL,
         m::APPLY_FAILURES_TOTAL,
+        m::BLOCKED_LANES,
+        m::BLOCKED_EVENTS,
+        m::PERSPECTIVE_PAUSED,
     ] {
         assert!(
             dashboard_text.contains(needed),
@@ -240,6 +248,8 @@ async fn dashboard_and_alerts_use_only_metrics_the_daemon_exports() {
         m::OLDEST_PENDING_AGE_SECONDS,
         m::INSTANCES_LIVE,
         m::DEAD_LETTER_MOVE_ERRORS_TOTAL,
+        m::BLOCKED_EVENTS,
+        m::PERSPECTIVE_PAUSED,
     ] {
         assert!(alert_text.contains(needed), "no alert rule uses {needed}");
     }

@@ -9,6 +9,8 @@
 //! Exit codes: 0 success (including nothing to list), 1 declined or a replay that failed
 //! again, 2 usage or environment error (including bad configuration, per SPEC §4.2).
 
+mod bulk;
+mod groups;
 mod inspect;
 mod list;
 mod purge;
@@ -28,6 +30,8 @@ use crate::store::{DeadLetter, Store};
 pub enum DlqCommand {
     /// List open dead letters, grouped by perspective.
     List(ListArgs),
+    /// Open dead letters grouped by error fingerprint, biggest first.
+    Groups(GroupsArgs),
     /// Show a dead letter and re-read its event live from the event store.
     Inspect(InspectArgs),
     /// Dispatch a dead-lettered event once more through its perspective's handler.
@@ -41,6 +45,17 @@ pub enum DlqCommand {
 /// Options of `vantage dlq list`.
 #[derive(Debug, Clone, Args)]
 pub struct ListArgs {
+    /// Only this perspective.
+    #[arg(long, value_name = "NAME")]
+    pub perspective: Option<String>,
+    /// One JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `vantage dlq groups`.
+#[derive(Debug, Clone, Args)]
+pub struct GroupsArgs {
     /// Only this perspective.
     #[arg(long, value_name = "NAME")]
     pub perspective: Option<String>,
@@ -77,6 +92,10 @@ pub struct ReplayArgs {
     /// Which dead letter.
     #[command(flatten)]
     pub target: Target,
+    /// Run the handler in a transaction that is rolled back and show what it would change (or
+    /// the error it would fail with); nothing is written, no history.
+    #[arg(long)]
+    pub dry_run: bool,
     /// Do not ask for confirmation.
     #[arg(long, short = 'y')]
     pub yes: bool,
@@ -85,12 +104,25 @@ pub struct ReplayArgs {
     pub json: bool,
 }
 
-/// Options of `vantage dlq purge`.
+/// Options of `vantage dlq purge`. One position or `--group` is required.
 #[derive(Debug, Clone, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["position", "group"])))]
 pub struct PurgeArgs {
-    /// Which dead letter.
-    #[command(flatten)]
-    pub target: Target,
+    /// The dead-lettered event's global position (or `--group`).
+    #[arg(value_name = "POSITION")]
+    pub position: Option<i64>,
+    /// Every open dead letter of this error group (a fingerprint of `vantage dlq groups`).
+    #[arg(long, value_name = "FINGERPRINT")]
+    pub group: Option<String>,
+    /// The perspective (of a position dead-lettered in several; or a filter with `--group`).
+    #[arg(long, value_name = "NAME")]
+    pub perspective: Option<String>,
+    /// With `--group`: at most N dead letters (the lowest positions).
+    #[arg(long, value_name = "N", requires = "group")]
+    pub limit: Option<u64>,
+    /// With `--group`: print what would be purged and change nothing.
+    #[arg(long, requires = "group")]
+    pub dry_run: bool,
     /// Do not ask for confirmation.
     #[arg(long, short = 'y')]
     pub yes: bool,
@@ -99,10 +131,10 @@ pub struct PurgeArgs {
     pub json: bool,
 }
 
-/// Options of `vantage dlq requeue`. One position or `--all` is required; a usage error names
-/// both.
+/// Options of `vantage dlq requeue`. One position, `--all` or `--group` is required; a usage
+/// error names them.
 #[derive(Debug, Clone, Args)]
-#[command(group(clap::ArgGroup::new("which").required(true).args(["position", "all"])))]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["position", "all", "group"])))]
 pub struct RequeueArgs {
     /// The dead-lettered event's global position (or `--all`).
     #[arg(value_name = "POSITION")]
@@ -110,6 +142,12 @@ pub struct RequeueArgs {
     /// Every open dead letter that matches the filters.
     #[arg(long)]
     pub all: bool,
+    /// Every open dead letter of this error group (a fingerprint of `vantage dlq groups`).
+    #[arg(long, value_name = "FINGERPRINT")]
+    pub group: Option<String>,
+    /// At most N dead letters (by perspective, then lowest position); not with a position.
+    #[arg(long, value_name = "N", conflicts_with = "position")]
+    pub limit: Option<u64>,
     /// Only this perspective.
     #[arg(long, value_name = "NAME")]
     pub perspective: Option<String>,
@@ -131,6 +169,7 @@ impl DlqCommand {
     fn json(&self) -> bool {
         match self {
             DlqCommand::List(a) => a.json,
+            DlqCommand::Groups(a) => a.json,
             DlqCommand::Inspect(a) => a.json,
             DlqCommand::Replay(a) => a.json,
             DlqCommand::Purge(a) => a.json,
@@ -155,6 +194,7 @@ pub async fn run(global: &GlobalArgs, cmd: DlqCommand) -> i32 {
         };
         let result = match cmd {
             DlqCommand::List(args) => list::run(&ctx, args).await,
+            DlqCommand::Groups(args) => groups::run(&ctx, args).await,
             DlqCommand::Inspect(args) => inspect::run(&ctx, args).await,
             DlqCommand::Replay(args) => replay::run(&ctx, args).await,
             DlqCommand::Purge(args) => purge::run(&ctx, args).await,

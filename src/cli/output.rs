@@ -271,6 +271,14 @@ pub fn human_age(seconds: f64) -> String {
     }
 }
 
+/// The first `max` characters of `text`, with `…` when cut.
+pub fn shorten(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_owned(),
+    }
+}
+
 /// A timestamp for people and envelopes: RFC 3339, UTC, milliseconds.
 pub fn timestamp(at: &chrono::DateTime<chrono::Utc>) -> String {
     at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)

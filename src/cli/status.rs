@@ -1,5 +1,7 @@
 //! `vantage status`: per perspective, its work (pending, leased, parked), its open dead
-//! letters and the age of its oldest work row; then the live instances.
+//! letters and the age of its oldest work row, whether it is paused and how many lanes are
+//! blocked; then the live instances. `--blocked`: the blocked lanes themselves
+//! ([`blocked`]).
 //!
 //! Ages are measured on the database's clock, the one that wrote the timestamps.
 
@@ -9,9 +11,21 @@ use serde_json::{json, Value};
 use super::output::{self, human_age, timestamp, Failure, Ui};
 use super::GlobalArgs;
 
+mod blocked;
+
 /// Options of `vantage status`.
 #[derive(Debug, Clone, Args)]
 pub struct StatusArgs {
+    /// The lanes whose head is parked or failing, and what waits behind them.
+    #[arg(long)]
+    pub blocked: bool,
+    /// With `--blocked`: only this perspective.
+    #[arg(long, value_name = "NAME", requires = "blocked")]
+    pub perspective: Option<String>,
+    /// With `--blocked`: at most N lanes listed, the most events waiting first (the totals
+    /// count them all).
+    #[arg(long, value_name = "N", requires = "blocked", default_value_t = 100)]
+    pub limit: u32,
     /// One JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -26,16 +40,23 @@ pub async fn run(global: &GlobalArgs, args: StatusArgs) -> i32 {
             .load_settings()
             .map_err(|e| Failure::with_code(super::exit::CONFIG, e.to_string()))?;
         let store = output::connect(&settings).await?;
+        if args.blocked {
+            let result = blocked::run(&store, &ui, &args).await;
+            store.close().await;
+            return result;
+        }
         let read = async {
             Ok::<_, crate::store::StoreError>((
                 store.perspective_status().await?,
                 store.live_instances().await?,
                 store.database_now().await?,
+                store.blocked_totals(None).await?,
             ))
         }
         .await;
         store.close().await;
-        let (perspectives, instances, now) = read.map_err(|e| output::store_failure(&e))?;
+        let (perspectives, instances, now, blocked) =
+            read.map_err(|e| output::store_failure(&e))?;
 
         if perspectives.is_empty() {
             ui.say("No perspectives are registered.");
@@ -62,6 +83,22 @@ pub async fn run(global: &GlobalArgs, args: StatusArgs) -> i32 {
             }
             output::align_right(&mut t, &[1, 2, 3, 4, 5]);
             ui.say(t);
+            for p in &perspectives {
+                if let Some(since) = p.paused_at {
+                    ui.say(blocked::paused_line(
+                        &p.perspective_name,
+                        &since,
+                        p.paused_by.as_deref(),
+                        p.paused_reason.as_deref(),
+                        (now - since).num_milliseconds() as f64 / 1000.0,
+                    ));
+                }
+            }
+            let lanes: i64 = blocked.iter().map(|b| b.lanes).sum();
+            if lanes > 0 {
+                let events: i64 = blocked.iter().map(|b| b.events).sum();
+                ui.say(blocked::summary_line(lanes, events));
+            }
         }
         ui.say("");
         if instances.is_empty() {
@@ -86,11 +123,21 @@ pub async fn run(global: &GlobalArgs, args: StatusArgs) -> i32 {
         let perspectives: Vec<Value> = perspectives
             .iter()
             .map(|p| {
+                let b = blocked
+                    .iter()
+                    .find(|b| b.perspective_name == p.perspective_name);
                 json!({
+                    "blocked_events": b.map_or(0, |b| b.events),
+                    "blocked_lanes": b.map_or(0, |b| b.lanes),
                     "dead_lettered": p.dead_lettered,
                     "leased": p.leased,
                     "oldest_pending_age_seconds": p.oldest_pending_age_seconds,
                     "parked": p.parked,
+                    "paused": p.paused_at.map(|since| json!({
+                        "by": p.paused_by,
+                        "reason": p.paused_reason,
+                        "since": timestamp(&since),
+                    })),
                     "pending": p.pending,
                     "perspective": p.perspective_name,
                 })

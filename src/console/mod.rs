@@ -8,6 +8,10 @@
 //!   form), a count, keyset pages;
 //! - `GET /dead-letters/{position}/{perspective}` — the detail ([`pages::detail`]), the event
 //!   re-read live from `wh_event_store` as `vantage dlq inspect` does;
+//! - `GET /groups` — open dead letters grouped by error fingerprint ([`pages::groups`]), each
+//!   linking to the list filtered by it and to the bulk previews of that filter;
+//! - `GET /blocked` — the lanes whose head is parked or failing and what waits behind them
+//!   ([`pages::blocked`]), as `vantage status --blocked` shows them;
 //! - `GET /console.css` — the one stylesheet, embedded in the binary;
 //! - `POST /actions` — one action on one dead letter ([`pages::actions`]): replay, requeue or
 //!   purge, through [`crate::dlq`] exactly as `vantage dlq` does, then 303 to its detail page;
@@ -127,6 +131,8 @@ pub fn router(state: ConsoleState) -> Router {
     let routes = Router::new()
         .route("/", get(pages::overview::show))
         .route("/dead-letters", get(pages::dead_letters::show))
+        .route("/groups", get(pages::groups::show))
+        .route("/blocked", get(pages::blocked::show))
         .route(
             "/dead-letters/{position}/{perspective}",
             get(pages::detail::show),

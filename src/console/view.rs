@@ -112,6 +112,11 @@ pub struct PerspectiveRow {
     pub dead_letters_href: String,
     pub oldest_age: String,
     pub lag_seconds: String,
+    pub blocked_lanes: i64,
+    pub blocked_events: i64,
+    pub blocked_href: String,
+    /// `paused since … by …: reason`, when paused.
+    pub paused: Option<String>,
 }
 
 /// A row of the overview's instance table.
@@ -140,6 +145,8 @@ pub struct OverviewPage {
 /// The list's filter form, as the user typed it.
 #[derive(Default)]
 pub struct FilterForm {
+    /// An error fingerprint (from the groups page), kept as a hidden field.
+    pub group: String,
     pub event_type: String,
     pub error: String,
     pub since: String,
@@ -226,6 +233,8 @@ pub struct DetailPage {
     pub flash: Option<Flash>,
     /// The action forms: shown when the dead letter is open and the console not read-only.
     pub actions: Option<ActionsView>,
+    /// What a replay would change (`?preview=replay`: a dry run, rolled back).
+    pub preview: Option<ReplayPreviewView>,
     pub list_href: String,
     pub dl: DeadLetterView,
     pub event: Option<EventView>,
@@ -239,6 +248,8 @@ pub struct ActionsView {
     pub dead_letter_id: String,
     /// The replay warning, as the CLI prints it.
     pub replay_warning: String,
+    /// This page with the replay's dry run.
+    pub preview_href: String,
     /// Why replay cannot run here (no handler in this configuration), if so.
     pub replay_unavailable: Option<String>,
     /// What a purge does.
@@ -283,4 +294,86 @@ pub struct BulkPage {
     pub sample: Vec<BulkRow>,
     /// Rows covered beyond the sample.
     pub more: usize,
+}
+
+/// A row of the error groups page.
+pub struct GroupRow {
+    pub fingerprint: String,
+    pub perspective: String,
+    pub event_type: String,
+    pub sqlstate: String,
+    pub message: String,
+    pub count: i64,
+    pub first_seen: String,
+    pub last_seen: String,
+    pub sample_position: i64,
+    pub sample_href: String,
+    /// The dead-letter list filtered by this group.
+    pub list_href: String,
+    /// The bulk previews of this group: (label, href); empty when read-only.
+    pub bulk: Vec<(&'static str, String)>,
+}
+
+/// `templates/console/groups.html`.
+#[derive(Template)]
+#[template(path = "console/groups.html")]
+pub struct GroupsPage {
+    pub read_only: bool,
+    pub flash: Option<Flash>,
+    pub perspective: String,
+    pub total: i64,
+    pub groups: Vec<GroupRow>,
+}
+
+/// A row of the blocked lanes page.
+pub struct BlockedRow {
+    pub perspective: String,
+    pub stream: String,
+    pub head_position: i64,
+    pub event_type: String,
+    pub attempts: i32,
+    pub failures: i32,
+    pub next_retry: String,
+    pub fingerprint: String,
+    /// The dead-letter list of that fingerprint.
+    pub group_href: String,
+    pub error: String,
+    pub waiting: i64,
+    pub waiting_since: String,
+}
+
+/// `templates/console/blocked.html`.
+#[derive(Template)]
+#[template(path = "console/blocked.html")]
+pub struct BlockedPage {
+    pub read_only: bool,
+    pub flash: Option<Flash>,
+    pub now: String,
+    pub perspective: String,
+    pub total_lanes: i64,
+    pub total_events: i64,
+    /// Fewer lanes listed than are blocked.
+    pub truncated: bool,
+    /// (perspective, lanes, events).
+    pub totals: Vec<(String, i64, i64)>,
+    pub lanes: Vec<BlockedRow>,
+}
+
+/// A row a replay would write, for the detail page's preview.
+pub struct PreviewRow {
+    pub table: String,
+    pub key: String,
+    pub before: String,
+    pub after: String,
+}
+
+/// A replay's dry run, for the detail page.
+pub struct ReplayPreviewView {
+    pub header: String,
+    /// The handler would succeed.
+    pub ok: bool,
+    pub summary: String,
+    pub rows: Vec<PreviewRow>,
+    /// What the statement returns, when it returns rows of its own.
+    pub returned: Vec<String>,
 }

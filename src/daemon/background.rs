@@ -308,6 +308,13 @@ impl BackgroundTask for Sampler {
             Ok(g) => {
                 for p in g.perspectives {
                     let label = p.perspective_name;
+                    let blocked = g.blocked.iter().find(|b| b.perspective_name == label);
+                    metrics::gauge!(m::BLOCKED_LANES, m::LABEL_PERSPECTIVE => label.clone())
+                        .set(blocked.map_or(0, |b| b.lanes) as f64);
+                    metrics::gauge!(m::BLOCKED_EVENTS, m::LABEL_PERSPECTIVE => label.clone())
+                        .set(blocked.map_or(0, |b| b.events) as f64);
+                    metrics::gauge!(m::PERSPECTIVE_PAUSED, m::LABEL_PERSPECTIVE => label.clone())
+                        .set(if p.paused_at.is_some() { 1.0 } else { 0.0 });
                     metrics::gauge!(m::BACKLOG_EVENTS, m::LABEL_PERSPECTIVE => label.clone())
                         .set((p.pending + p.leased + p.parked) as f64);
                     metrics::gauge!(m::DEAD_LETTERS, m::LABEL_PERSPECTIVE => label.clone())

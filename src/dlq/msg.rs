@@ -90,3 +90,54 @@ pub fn requeue_partial_queued(skipped: usize, count: usize) -> String {
 pub fn requeue_partial(skipped: usize, count: usize) -> String {
     format!("{skipped} of {count} dead-lettered event(s) were no longer dead-lettered: another command changed them while this one was waiting. They were skipped.")
 }
+pub fn none_to_purge() -> &'static str {
+    "No dead-lettered events match; nothing to purge."
+}
+pub fn would_purge(count: usize) -> String {
+    format!("Would purge {count} dead-lettered event(s) (dry run; nothing was changed):")
+}
+pub fn will_purge(count: usize) -> String {
+    format!("{count} dead-lettered event(s) to purge:")
+}
+pub fn purge_prompt_many(count: usize) -> String {
+    format!("Purge {count} dead-lettered event(s)? A terminal record is kept in the history. [y/N]")
+}
+pub fn purged_one(position: i64, perspective: &str) -> String {
+    format!("Purged position {position} of '{perspective}'.")
+}
+pub fn purged_total(purged: usize, count: usize) -> String {
+    format!("Purged {purged} of {count} dead-lettered event(s).")
+}
+pub fn and_more_listed(more: usize, listed: usize) -> String {
+    format!("  … and {more} more (only the first {listed} are listed; the count covers them all)")
+}
+pub fn beyond_limit(more: usize) -> String {
+    format!("{more} more match beyond --limit; they are left as they are.")
+}
+pub fn progress(done_key: &str, seen: usize, count: usize) -> String {
+    format!("{done_key}: {seen} of {count} processed")
+}
+pub fn bulk_interrupted(done: usize, count: usize, done_key: &str) -> String {
+    format!("Interrupted: {done} of {count} dead-lettered event(s) {done_key}; each one is either done or untouched. Run the command again for the rest.")
+}
+pub fn grouped(events: i64, groups: usize) -> String {
+    format!("{events} dead-lettered event(s) in {groups} error group(s).")
+}
+pub fn groups_hint(fingerprint: &str, sample: i64, perspective: &str) -> String {
+    format!("Biggest group: vantage dlq inspect {sample} --perspective {perspective}; vantage dlq replay {sample} --perspective {perspective} --dry-run; vantage dlq requeue --group {fingerprint} --dry-run")
+}
+pub fn dry_run_header(position: i64, perspective: &str) -> String {
+    format!("Dry run of the replay of position {position} through '{perspective}' (in a transaction that was rolled back: nothing was written, no history).")
+}
+pub fn dry_run_would_resolve(position: i64) -> String {
+    format!("The handler succeeds: a replay would resolve position {position}.")
+}
+pub fn dry_run_would_fail(error: &str) -> String {
+    format!("The handler fails: {error}")
+}
+pub fn dry_run_failed(position: i64, error: &str) -> String {
+    format!("A replay of position {position} would fail again: {error}. Nothing was done.")
+}
+pub fn dry_run_footer(position: i64, perspective: &str) -> String {
+    format!("To replay it: vantage dlq replay {position} --perspective {perspective}")
+}

@@ -37,6 +37,8 @@ pub struct DeadLetterFilter {
     pub until: Option<DateTime<Utc>>,
     /// This status (`exhausted` = open); `None` = any status.
     pub status: Option<String>,
+    /// Exactly this error fingerprint (`vantage dlq groups`).
+    pub group: Option<String>,
 }
 
 /// Where a page starts: strictly after this (position, id) in the list's order.
@@ -92,7 +94,7 @@ pub struct DeadLetterPage {
     pub next: Option<DeadLetterCursor>,
 }
 
-/// The filter's predicate over `wh_dead_letters`, parameters `$1`…`$7` in
+/// The filter's predicate over `wh_dead_letters`, parameters `$1`…`$8` in
 /// [`DeadLetterFilter`]'s field order (see [`bind_filter`]).
 const FILTER_WHERE: &str = "($1::text IS NULL OR perspective_name = $1) \
     AND ($2::text IS NULL OR failure_reason = $2) \
@@ -100,7 +102,8 @@ const FILTER_WHERE: &str = "($1::text IS NULL OR perspective_name = $1) \
     AND ($4::text IS NULL OR strpos(lower(coalesce(error_text, '')), lower($4)) > 0) \
     AND ($5::timestamptz IS NULL OR dead_lettered_at >= $5) \
     AND ($6::timestamptz IS NULL OR dead_lettered_at < $6) \
-    AND ($7::text IS NULL OR status = $7)";
+    AND ($7::text IS NULL OR status = $7) \
+    AND ($8::text IS NULL OR error_fingerprint = $8)";
 
 macro_rules! bind_filter {
     ($query:expr, $f:expr) => {
@@ -112,6 +115,7 @@ macro_rules! bind_filter {
             .bind($f.since)
             .bind($f.until)
             .bind($f.status.as_deref())
+            .bind($f.group.as_deref())
     };
 }
 
@@ -152,9 +156,9 @@ impl Store {
                     attempts_when_dlq, dead_lettered_at, status \
              FROM wh_dead_letters \
              WHERE {FILTER_WHERE} \
-               AND ($8::bigint IS NULL OR (global_position, dead_letter_id) < ($8, $9::uuid)) \
+               AND ($9::bigint IS NULL OR (global_position, dead_letter_id) < ($9, $10::uuid)) \
              ORDER BY global_position DESC, dead_letter_id DESC \
-             LIMIT $10"
+             LIMIT $11"
         );
         let query = bind_filter!(sqlx::query_as::<_, DeadLetterSummary>(&sql), filter)
             .bind(after.map(|c| c.global_position))
@@ -224,10 +228,38 @@ impl Store {
         };
         let sql = format!(
             "SELECT * FROM wh_dead_letters WHERE {FILTER_WHERE} \
-             ORDER BY global_position, dead_letter_id LIMIT $8"
+             ORDER BY global_position, dead_letter_id LIMIT $9"
         );
         bind_filter!(sqlx::query_as::<_, DeadLetter>(&sql), open)
             .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_db_error)
+    }
+
+    /// The open dead letters matching `filter` (whatever `filter.status` says) by perspective,
+    /// then position, strictly after `after` (perspective, position: a keyset cursor, unique among
+    /// open dead letters), at most `limit`: what the CLI's bulk actions walk, a page at a time,
+    /// so a large set is never loaded at once.
+    pub async fn open_dead_letters_after(
+        &self,
+        filter: &DeadLetterFilter,
+        after: Option<(&str, i64)>,
+        limit: i64,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
+        let open = DeadLetterFilter {
+            status: Some("exhausted".to_owned()),
+            ..filter.clone()
+        };
+        let sql = format!(
+            "SELECT * FROM wh_dead_letters WHERE {FILTER_WHERE} \
+               AND ($9::text IS NULL OR (perspective_name, global_position) > ($9, $10::bigint)) \
+             ORDER BY perspective_name, global_position LIMIT $11"
+        );
+        bind_filter!(sqlx::query_as::<_, DeadLetter>(&sql), open)
+            .bind(after.map(|c| c.0))
+            .bind(after.map(|c| c.1))
+            .bind(limit.max(0))
             .fetch_all(&self.pool)
             .await
             .map_err(map_db_error)

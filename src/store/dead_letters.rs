@@ -106,6 +106,9 @@ pub struct DeadLetter {
     pub status: String,
     /// When the status last changed.
     pub status_changed_at: DateTime<Utc>,
+    /// Its error fingerprint (`wh_error_fingerprint`: perspective, event type, SQLSTATE, masked
+    /// error text), the key of `vantage dlq groups`.
+    pub error_fingerprint: Option<String>,
 }
 
 /// One transition in a dead letter's history.
@@ -126,7 +129,7 @@ pub struct HistoryEntry {
 const DEAD_LETTER_COLUMNS: &str = "dead_letter_id, source_table, source_id, stream_id, event_id, \
     global_position, stream_version, event_type, perspective_name, failure_reason, error_text, \
     attempts_when_dlq, failures_when_dlq, dead_lettered_at, dead_lettered_by, status, \
-    status_changed_at";
+    status_changed_at, error_fingerprint";
 
 impl Store {
     /// Moves a work row to the dead letters (atomic, idempotent). While the row's perspective is

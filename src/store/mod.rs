@@ -9,10 +9,12 @@ pub mod bench;
 mod claims;
 mod console;
 mod dead_letters;
+pub mod dry_run;
 mod events;
 mod instances;
 mod operator;
 mod status;
+mod triage;
 
 pub use apply::{apply_statements_in, StatementBatch, StatementParams};
 pub use claims::{
@@ -32,6 +34,7 @@ pub use events::{
 };
 pub use instances::{InstanceInfo, LiveInstance};
 pub use status::{PerspectiveStatus, StoreGauges};
+pub use triage::{BlockedLane, BlockedTotals, ErrorGroup, PauseState};
 
 use std::fmt;
 use std::time::{Duration, Instant};

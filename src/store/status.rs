@@ -19,6 +19,12 @@ pub struct PerspectiveStatus {
     pub dead_lettered: i64,
     /// Age in seconds of the oldest work row (None when there is none).
     pub oldest_pending_age_seconds: Option<f64>,
+    /// Since when it is paused (`vantage perspectives pause`); None when it runs.
+    pub paused_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Why, as the operator said when pausing it.
+    pub paused_reason: Option<String>,
+    /// Who paused it.
+    pub paused_by: Option<String>,
 }
 
 /// Totals the metrics sampler publishes as gauges.
@@ -28,6 +34,8 @@ pub struct StoreGauges {
     pub perspectives: Vec<PerspectiveStatus>,
     /// Registered instances.
     pub instances_live: i64,
+    /// Per perspective with blocked lanes: how many, and the events waiting behind them.
+    pub blocked: Vec<super::BlockedTotals>,
 }
 
 impl Store {
@@ -48,11 +56,13 @@ impl Store {
              SELECT p.perspective_name, \
                     coalesce(w.pending, 0) AS pending, coalesce(w.leased, 0) AS leased, \
                     coalesce(w.parked, 0) AS parked, coalesce(d.dead, 0) AS dead_lettered, \
-                    w.oldest AS oldest_pending_age_seconds \
+                    w.oldest AS oldest_pending_age_seconds, \
+                    r.paused_at, r.paused_reason, r.paused_by \
              FROM (SELECT perspective_name FROM wh_perspectives \
                    UNION SELECT perspective_name FROM w \
                    UNION SELECT perspective_name FROM d) p \
              LEFT JOIN w USING (perspective_name) LEFT JOIN d USING (perspective_name) \
+             LEFT JOIN wh_perspectives r USING (perspective_name) \
              ORDER BY p.perspective_name",
         )
         .fetch_all(&self.pool)
@@ -67,9 +77,11 @@ impl Store {
             .fetch_one(&self.pool)
             .await
             .map_err(map_db_error)?;
+        let blocked = self.blocked_totals(None).await?;
         Ok(StoreGauges {
             perspectives,
             instances_live,
+            blocked,
         })
     }
 

@@ -30,6 +30,13 @@ pub const DEAD_LETTERS: &str = "vantage_dead_letters";
 pub const OLDEST_PENDING_AGE_SECONDS: &str = "vantage_oldest_pending_age_seconds";
 /// Gauge: registered, heartbeating instances.
 pub const INSTANCES_LIVE: &str = "vantage_instances_live";
+/// Gauge: lanes whose head is parked or failing, label `perspective`.
+pub const BLOCKED_LANES: &str = "vantage_blocked_lanes";
+/// Gauge: events waiting behind a parked or failing lane head, label `perspective`.
+pub const BLOCKED_EVENTS: &str = "vantage_blocked_events";
+/// Gauge: 1 while the perspective is paused (`vantage perspectives pause`), else 0, label
+/// `perspective`.
+pub const PERSPECTIVE_PAUSED: &str = "vantage_perspective_paused";
 /// Gauge (always 1): build information, label `version`.
 pub const BUILD_INFO: &str = "vantage_build_info";
 
@@ -56,6 +63,9 @@ pub const ALL: &[&str] = &[
     DEAD_LETTERS,
     OLDEST_PENDING_AGE_SECONDS,
     INSTANCES_LIVE,
+    BLOCKED_LANES,
+    BLOCKED_EVENTS,
+    PERSPECTIVE_PAUSED,
     BUILD_INFO,
 ];
 
@@ -137,12 +147,27 @@ pub fn describe_all() {
         "Registered, heartbeating vantage instances."
     );
     describe_gauge!(
+        BLOCKED_LANES,
+        Unit::Count,
+        "Lanes (stream, perspective) whose head is parked or failing, by perspective."
+    );
+    describe_gauge!(
+        BLOCKED_EVENTS,
+        Unit::Count,
+        "Events waiting behind a parked or failing lane head, by perspective."
+    );
+    describe_gauge!(
+        PERSPECTIVE_PAUSED,
+        "1 while the perspective is paused (vantage perspectives pause), else 0."
+    );
+    describe_gauge!(
         BUILD_INFO,
         "Build information (always 1), labelled with the version."
     );
 }
 
-/// Exports every counter of these perspectives at 0 (and the unlabelled ones), so `/metrics`
+/// Exports every counter of these perspectives at 0 (and the unlabelled ones, and the blocked
+/// and paused gauges), so `/metrics`
 /// shows them before anything happened: dashboards show 0 instead of "No data", and
 /// Prometheus's `increase()` sees the first dead-letter move after a start (a series that
 /// appears at 1 has no increase).
@@ -162,6 +187,10 @@ pub fn register_zeroes(perspectives: &[String]) {
             LEASE_TAKEOVERS_TOTAL,
         ] {
             metrics::counter!(name, LABEL_PERSPECTIVE => p.clone()).increment(0);
+        }
+        // The sampler sets these; until its first round they read 0, not "No data".
+        for name in [BLOCKED_LANES, BLOCKED_EVENTS, PERSPECTIVE_PAUSED] {
+            metrics::gauge!(name, LABEL_PERSPECTIVE => p.clone()).set(0.0);
         }
     }
     metrics::counter!(DEAD_LETTER_MOVE_ERRORS_TOTAL).increment(0);

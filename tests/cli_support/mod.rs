@@ -206,6 +206,19 @@ impl Env {
     /// does after the 11th claim: leased to our instance, attempts 11, 10 failures, the last
     /// error on the row.
     pub async fn dead_letter(&self, perspective: &str, position: i64, reason: &str) -> Uuid {
+        self.dead_letter_with_error(perspective, position, reason, "handler failed: boom")
+            .await
+    }
+
+    /// Like [`dead_letter`](Self::dead_letter), with `last_error` as the row's last apply error
+    /// (as the daemon writes it, e.g. `… (SQLSTATE 22P02)`).
+    pub async fn dead_letter_with_error(
+        &self,
+        perspective: &str,
+        position: i64,
+        reason: &str,
+        last_error: &str,
+    ) -> Uuid {
         let work_id: Uuid = sqlx::query_scalar(
             "SELECT event_work_id FROM wh_perspective_events \
              WHERE perspective_name = $1 AND global_position = $2",
@@ -217,12 +230,13 @@ impl Env {
         .unwrap_or_else(|e| panic!("no work row for {perspective} at {position}: {e}"));
         sqlx::query(
             "UPDATE wh_perspective_events \
-             SET attempts = 11, failures = 10, last_error = 'handler failed: boom', \
+             SET attempts = 11, failures = 10, last_error = $3, \
                  instance_id = $2, lease_expiry = now() + interval '1 minute' \
              WHERE event_work_id = $1",
         )
         .bind(work_id)
         .bind(self.instance.0)
+        .bind(last_error)
         .execute(self.store.pool())
         .await
         .unwrap();

@@ -52,8 +52,9 @@ pub(super) async fn produce_and_drain(
         .unwrap_or(10);
     eprintln!(
         "Appending {} orders from {} customers: {} events, one stream per order, applied {} times \
-         in all across the perspectives. {} OrderPaid events carry an amount written with a \
-         decimal comma (\"{}\"), which revenue_by_day cannot parse.",
+         in all across the perspectives. {} OrderPaid events carry amounts revenue_by_day cannot \
+         apply: one written with a decimal comma (\"{}\"), one too large for its column, one \
+         missing (and that order's refund waits behind it).",
         thousands(sample.orders.len() as u64),
         thousands(sample.customers as u64),
         thousands(sample.events as u64),

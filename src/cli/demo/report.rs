@@ -65,12 +65,43 @@ pub(super) async fn print_report(
         ));
     }
     line(&format!(
-        "What happened: {POISON_EVENTS} OrderPaid events carry an amount written with a decimal \
-         comma. revenue_by_day's statement failed on each of its {max_attempts} claims (parked \
-         with backoff in between), so the {} claim dead-lettered it; the rest of those streams \
-         and the other perspectives carried on.",
+        "What happened: {POISON_EVENTS} OrderPaid events carry amounts revenue_by_day cannot \
+         apply: three producer bugs, three error groups (below). Its statement failed on each of \
+         their {max_attempts} claims (parked with backoff in between), so the {} claim \
+         dead-lettered them; the refund of the order paid without an amount waited behind its \
+         payment (a blocked lane) until then, and the rest of those streams and the other \
+         perspectives carried on.",
         ordinal(max_attempts + 1)
     ));
+    let groups = store.error_groups(None).await.unwrap_or_default();
+    let groups: Vec<_> = groups
+        .into_iter()
+        .filter(|g| {
+            dead.iter()
+                .any(|d| d.error_fingerprint.as_deref() == Some(&g.fingerprint))
+        })
+        .collect();
+    if !groups.is_empty() {
+        let mut t = output::table(&[
+            "Group",
+            "Perspective",
+            "SQLSTATE",
+            "Count",
+            "Error (masked)",
+        ]);
+        for g in &groups {
+            t.add_row(vec![
+                g.fingerprint.clone(),
+                g.perspective_name.clone(),
+                g.sqlstate.clone().unwrap_or_else(|| "-".to_owned()),
+                g.count.to_string(),
+                output::shorten(&g.message, 70),
+            ]);
+        }
+        output::align_right(&mut t, &[3]);
+        line("");
+        line(&format!("Error groups (dlq groups):\n{t}"));
+    }
 
     for section in read_model(store).await {
         line("");
@@ -109,15 +140,40 @@ pub(super) async fn print_report(
         .map(|d| (d.global_position, d.perspective_name.as_str()))
         .unwrap_or((1, "revenue_by_day"));
     let retries = max_attempts + 1;
+    let too_large = dead
+        .iter()
+        .find(|d| {
+            d.error_text
+                .as_deref()
+                .is_some_and(|e| e.contains("numeric field overflow"))
+        })
+        .and_then(|d| d.error_fingerprint.clone())
+        .unwrap_or_else(|| "FINGERPRINT".to_owned());
     for (command, comment) in [
         ("status".to_owned(), ""),
+        (
+            "status --blocked".to_owned(),
+            "  # lanes waiting behind a failing head (none once it is dead-lettered)",
+        ),
+        (
+            "dlq groups".to_owned(),
+            "  # the dead letters by error: three bugs",
+        ),
         ("dlq list".to_owned(), ""),
         (format!("dlq inspect {position}"), ""),
         (
             format!("dlq replay {position} --perspective {perspective}"),
             "  # fails again: the amount is still not a number",
         ),
+        (
+            format!("dlq replay {position} --perspective {perspective} --dry-run"),
+            "  # what a replay would write, or its error; nothing is written",
+        ),
         ("dlq requeue --all --dry-run".to_owned(), ""),
+        (
+            format!("dlq requeue --group {too_large} --dry-run"),
+            "  # the too-large amounts; widen the column first (below)",
+        ),
         (
             format!("dlq requeue {position} --perspective {perspective} --yes"),
             "  # back to the daemon, which dead-letters it again",
@@ -129,6 +185,16 @@ pub(super) async fn print_report(
     ] {
         line(&format!("  {}{comment}", cli.command(&command)));
     }
+    line("");
+    line(
+        "Fix a group and requeue it: the too-large amounts fit once revenue_by_day's column is \
+         wider. With psql on the demo's database:",
+    );
+    line("  ALTER TABLE demo.revenue_by_day ALTER COLUMN revenue TYPE numeric(20,2);");
+    line(&format!(
+        "  then {}   # dlq groups no longer lists it",
+        cli.command(&format!("dlq requeue --group {too_large} --yes"))
+    ));
     if !args.once {
         // Written out by hand to keep the keys in a readable order.
         let order_id = Uuid::new_v4();

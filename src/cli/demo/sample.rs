@@ -1,5 +1,11 @@
 //! The sample: orders of a small shop over four weeks, from a seeded generator so the shape is
-//! the same on every run, with [`POISON_EVENTS`] payments no statement can parse.
+//! the same on every run, with [`POISON_EVENTS`] payments revenue_by_day cannot apply, three
+//! producer bugs that fall into three error groups (`vantage dlq groups`): an amount with a
+//! decimal comma (22P02), a B2B order too large for revenue_by_day's `numeric(14,2)` column
+//! (22003: widening the column fixes it, and `dlq requeue --group` then applies them), and no
+//! amount at all (23502). The order paid without an amount is refunded later, so its refund
+//! waits behind the failing payment in revenue_by_day's lane: a blocked lane
+//! (`vantage status --blocked`) until the payment is dead-lettered.
 
 use std::collections::BTreeSet;
 
@@ -9,8 +15,24 @@ use uuid::Uuid;
 
 use crate::store::NewEvent;
 
-/// How many `OrderPaid` events of the sample carry an amount no statement can parse.
+/// How many `OrderPaid` events of the sample carry an amount revenue_by_day cannot apply.
 pub const POISON_EVENTS: usize = 3;
+
+/// The producer bugs behind the poison events, one each, in the order they appear.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Poison {
+    /// `"12,05"`: written with a decimal comma (SQLSTATE 22P02).
+    DecimalComma,
+    /// `"12050000000000.00"`: a B2B order too large for `numeric(14,2)` (22003).
+    TooLarge,
+    /// No `amount` at all (23502); this order is refunded later, and its refund waits behind
+    /// the failing payment.
+    Missing,
+}
+
+/// The poison events' bugs, in sample order.
+pub const POISONS: [Poison; POISON_EVENTS] =
+    [Poison::DecimalComma, Poison::TooLarge, Poison::Missing];
 /// The sample is the same on every run (its ids aside).
 const SEED: u64 = 0x7661_6e74_6167_6521;
 
@@ -39,7 +61,7 @@ pub(super) struct Sample {
     /// Distinct customers who placed them.
     pub(super) customers: usize,
     pub(super) events: usize,
-    /// The amount one poison event carries, for the explanation.
+    /// The amount the decimal-comma poison event carries, for the explanation.
     pub(super) poison_example: String,
 }
 
@@ -62,7 +84,7 @@ impl Sample {
         let people: Vec<(Uuid, &str)> = (0..customers)
             .map(|_| (Uuid::new_v4(), rng.weighted(CURRENCIES)))
             .collect();
-        let poison: BTreeSet<usize> = (1..=POISON_EVENTS)
+        let poison: Vec<usize> = (1..=POISON_EVENTS)
             .map(|k| k * orders / (POISON_EVENTS + 1))
             .collect();
         let mut used = BTreeSet::new();
@@ -79,8 +101,11 @@ impl Sample {
             let items = 1 + rng.below(5);
             let total: u64 = (0..items).map(|_| rng.between(499, 12_999)).sum();
             let placed_at = newest - chrono::Duration::seconds(rng.below(28 * 86_400) as i64);
-            let is_poison = poison.contains(&i);
-            let fate = if is_poison {
+            let bug = poison.iter().position(|&p| p == i).map(|k| POISONS[k]);
+            let is_poison = bug.is_some();
+            let fate = if bug == Some(Poison::Missing) {
+                Fate::Refunded
+            } else if is_poison {
                 Fate::Delivered
             } else {
                 match rng.below(100) {
@@ -118,25 +143,32 @@ impl Sample {
                 ));
             } else {
                 let paid_at = placed_at + minutes(rng.between(1, 120));
-                let amount = if is_poison {
-                    // A producer bug: the amount formatted for a German invoice.
-                    let text = money(total).replace('.', ",");
-                    poison_example = text.clone();
+                if is_poison {
                     order.poison_event = Some(order.events.len());
-                    text
-                } else {
-                    money(total)
+                }
+                let amount = match bug {
+                    // A producer bug: the amount formatted for a German invoice.
+                    Some(Poison::DecimalComma) => {
+                        let text = money(total).replace('.', ",");
+                        poison_example = text.clone();
+                        Some(text)
+                    }
+                    // A B2B order of billions: more than revenue_by_day's column holds.
+                    Some(Poison::TooLarge) => Some(format!("{total}0000000000.00")),
+                    // And one that left it out.
+                    Some(Poison::Missing) => None,
+                    None => Some(money(total)),
                 };
-                order.events.push(event(
-                    "OrderPaid",
-                    json!({
-                        "order_id": order_id,
-                        "amount": amount,
-                        "currency": currency,
-                        "method": PAYMENT_METHODS[rng.below(PAYMENT_METHODS.len() as u64) as usize],
-                        "paid_at": timestamp(paid_at),
-                    }),
-                ));
+                let mut paid = json!({
+                    "order_id": order_id,
+                    "currency": currency,
+                    "method": PAYMENT_METHODS[rng.below(PAYMENT_METHODS.len() as u64) as usize],
+                    "paid_at": timestamp(paid_at),
+                });
+                if let Some(amount) = amount {
+                    paid["amount"] = Value::String(amount);
+                }
+                order.events.push(event("OrderPaid", paid));
                 match fate {
                     Fate::Refunded => {
                         let cancelled_at = paid_at + minutes(rng.between(60, 2_880));
@@ -291,10 +323,30 @@ mod tests {
             .filter_map(|o| o.poison_event.map(|i| &o.events[i]))
             .collect();
         assert_eq!(poison.len(), POISON_EVENTS);
-        for e in poison {
-            assert_eq!(e.event_type, "OrderPaid");
-            assert!(e.data["amount"].as_str().unwrap().contains(','));
-        }
+        let amounts: Vec<Option<&str>> = poison
+            .iter()
+            .map(|e| {
+                assert_eq!(e.event_type, "OrderPaid");
+                e.data.get("amount").and_then(Value::as_str)
+            })
+            .collect();
+        assert!(amounts[0].unwrap().contains(','), "{amounts:?}");
+        assert!(amounts[1].unwrap().len() > 15, "{amounts:?}");
+        assert_eq!(amounts[2], None);
+        // The order paid without an amount is refunded: its refund comes after the payment.
+        let missing = s
+            .orders
+            .iter()
+            .find(|o| {
+                o.poison_event
+                    .is_some_and(|i| o.events[i].data.get("amount").is_none())
+            })
+            .unwrap();
+        let after: Vec<&str> = missing.events[missing.poison_event.unwrap() + 1..]
+            .iter()
+            .map(|e| e.event_type.as_str())
+            .collect();
+        assert_eq!(after, ["OrderCancelled"]);
         // Every healthy amount parses; all timestamps are in the past.
         let now = timestamp(Utc::now());
         for o in &s.orders {

@@ -1,16 +1,33 @@
-//! `vantage dlq purge`: close a dead letter for good. Runs no handler and reads no event, so it
+//! `vantage dlq purge`: close a dead letter (or, with `--group FINGERPRINT`, every open one of
+//! an error group: count, `--dry-run`, confirmation, `--limit N`, see [`super::bulk`]) for good. Runs no handler and reads no event, so it
 //! works for an event that can no longer be read; the history keeps a terminal record.
 
 use serde_json::Value;
 
+use super::bulk::{self, BulkAction, Selection};
 use super::{msg, target_json, Ctx, PurgeArgs};
 use crate::cli::output::{self, confirm, operator_actor, Confirmed, Failure};
-use crate::dlq::{self, resolve};
-use crate::store::{DeadLetter, Store, StoreError};
+use crate::dlq::{self, check_perspective, resolve};
+use crate::store::{DeadLetter, DeadLetterFilter, Store, StoreError};
 
 pub(super) async fn run(ctx: &Ctx<'_>, args: PurgeArgs) -> Result<Value, Failure> {
-    let n = args.target.position;
-    let dl = resolve(ctx.store, n, args.target.perspective.as_deref(), None).await?;
+    let Some(n) = args.position else {
+        // --group: the bulk walk, bounded by --limit (see super::bulk).
+        check_perspective(ctx.store, args.perspective.as_deref()).await?;
+        let selection = Selection {
+            filter: DeadLetterFilter {
+                perspective: args.perspective.clone(),
+                group: args.group.clone(),
+                status: Some("exhausted".to_owned()),
+                ..DeadLetterFilter::default()
+            },
+            limit: args.limit,
+            dry_run: args.dry_run,
+            yes: args.yes,
+        };
+        return bulk::run(ctx, BulkAction::Purge, selection).await;
+    };
+    let dl = resolve(ctx.store, n, args.perspective.as_deref(), None).await?;
     let confirmed = confirm(&msg::purge_prompt(n), args.yes).await?;
     if !purge(ctx.store, &dl, &operator_actor(), &confirmed)
         .await

@@ -34,6 +34,8 @@ pub struct ListQuery {
     pub since: Option<String>,
     pub until: Option<String>,
     pub status: Option<String>,
+    /// An error fingerprint (`/groups` links here with it).
+    pub group: Option<String>,
     pub limit: Option<String>,
     pub after: Option<String>,
     /// The message of the action that redirected here (see [`crate::console::flash`]).
@@ -52,6 +54,7 @@ impl ListQuery {
             ("since", &self.since),
             ("until", &self.until),
             ("status", &self.status),
+            ("group", &self.group),
         ]
         .into_iter()
         .filter_map(|(k, v)| given(v).map(|v| (k, v)))
@@ -131,6 +134,7 @@ pub fn filter_of(q: &ListQuery) -> Result<DeadLetterFilter, PageError> {
             .map(|s| parse_time("until", &s))
             .transpose()?,
         status,
+        group: given(&q.group),
     })
 }
 
@@ -172,7 +176,9 @@ pub async fn show(
     };
     let text = |v: &Option<String>| given(v).unwrap_or_default();
     let (perspective, reason) = (text(&q.perspective), text(&q.reason));
+    let group = text(&q.group);
     let form = FilterForm {
+        group: group.clone(),
         event_type: text(&q.event_type),
         error: text(&q.error),
         since: text(&q.since),
@@ -187,6 +193,7 @@ pub async fn show(
             ("since", &form.since),
             ("until", &form.until),
             ("status", &status),
+            ("group", &group),
             ("limit", &limit_text),
             ("after", after),
         ])

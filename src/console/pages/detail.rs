@@ -9,9 +9,12 @@ use serde::Deserialize;
 
 use crate::cli::output::sort_keys;
 use crate::console::error::PageError;
-use crate::console::view::{self, ActionsView, DeadLetterView, DetailPage, EventView, HistoryRow};
+use crate::console::view::{
+    self, ActionsView, DeadLetterView, DetailPage, EventView, HistoryRow, PreviewRow,
+    ReplayPreviewView,
+};
 use crate::console::ConsoleState;
-use crate::dlq::msg;
+use crate::dlq::{self, msg, DryRun, Preview};
 use crate::store::{DeadLetter, StoredEvent};
 
 /// The event, if what was read really is the dead letter's event.
@@ -28,6 +31,73 @@ fn pretty(value: &serde_json::Value) -> String {
 #[derive(Debug, Default, Deserialize)]
 pub struct DetailQuery {
     flash: Option<String>,
+    /// `replay`: show what a replay would change, from a dry run (rolled back).
+    preview: Option<String>,
+}
+
+/// Runs the replay's dry run ([`dlq::dry_run`], as `vantage dlq replay --dry-run` does) for the
+/// page: what it would write, or the error, or why it cannot run.
+async fn replay_preview(state: &ConsoleState, dl: &DeadLetter) -> ReplayPreviewView {
+    let store = state.store();
+    let outcome = async {
+        let prepared = dlq::prepare_replay(store, state.perspectives(), dl).await?;
+        dlq::dry_run(store, &prepared, dl).await
+    }
+    .await;
+    let (n, p) = (dl.global_position, dl.perspective_name.as_str());
+    let mut view = ReplayPreviewView {
+        header: msg::dry_run_header(n, p),
+        ok: false,
+        summary: String::new(),
+        rows: Vec::new(),
+        returned: Vec::new(),
+    };
+    match outcome {
+        Err(e) => view.summary = e.to_string(),
+        Ok(DryRun {
+            error: Some(error), ..
+        }) => view.summary = msg::dry_run_would_fail(&error),
+        Ok(DryRun {
+            error: None,
+            preview,
+        }) => {
+            view.ok = true;
+            view.summary = msg::dry_run_would_resolve(n);
+            let text = |v: &Option<String>| v.clone().unwrap_or_else(|| "(none)".to_owned());
+            match preview {
+                Preview::Rows(rows) => {
+                    if rows.is_empty() {
+                        view.summary.push_str(" It writes no row of the read model.");
+                    }
+                    view.rows = rows
+                        .into_iter()
+                        .map(|r| PreviewRow {
+                            key: r
+                                .key
+                                .as_ref()
+                                .map_or_else(|| "(no primary key)".to_owned(), |k| k.join(", ")),
+                            before: if r.key.is_some() {
+                                text(&r.before)
+                            } else {
+                                "(not known: no primary key)".to_owned()
+                            },
+                            after: if r.key.is_some() {
+                                text(&r.after)
+                            } else {
+                                r.written.clone()
+                            },
+                            table: r.table,
+                        })
+                        .collect();
+                }
+                Preview::Returned(rows) => view.returned = rows,
+                Preview::Unavailable => view.summary.push_str(
+                    " Which rows it writes could not be read (the statement is not a plain INSERT, UPDATE or DELETE).",
+                ),
+            }
+        }
+    }
+    view
 }
 
 /// `GET /dead-letters/{position}/{perspective}`.
@@ -46,12 +116,18 @@ pub async fn show(
     let dl = letters.remove(0);
     let event = same_event(&dl, store.event_at(dl.global_position).await?);
     let history = store.dead_letter_history(dl.dead_letter_id).await?;
+    let preview = if query.preview.as_deref() == Some("replay") && dl.status == "exhausted" {
+        Some(replay_preview(&state, &dl).await)
+    } else {
+        None
+    };
 
     let actions = (!state.read_only() && dl.status == "exhausted").then(|| {
         let (n, p) = (dl.global_position, dl.perspective_name.as_str());
         ActionsView {
             dead_letter_id: dl.dead_letter_id.to_string(),
             replay_warning: msg::replay_warning(p, n),
+            preview_href: format!("{}?preview=replay", view::detail_href(n, p)),
             replay_unavailable: (!state.perspectives().iter().any(|s| s.name == p))
                 .then(|| msg::no_handler(p, n)),
             purge_note: "Closes it for good without running anything; a terminal record is kept in the history.".to_owned(),
@@ -61,6 +137,7 @@ pub async fn show(
         read_only: state.read_only(),
         flash: state.flash(query.flash.as_deref()),
         actions,
+        preview,
         list_href: view::dead_letters_href(&[("perspective", dl.perspective_name.as_str())]),
         event: event.map(|e| EventView {
             event_type: e.event_type,

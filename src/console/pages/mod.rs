@@ -2,9 +2,11 @@
 //! (statement timeout included) and renders one template of [`view`](super::view).
 
 pub mod actions;
+pub mod blocked;
 pub mod bulk;
 pub mod dead_letters;
 pub mod detail;
+pub mod groups;
 pub mod overview;
 
 use axum::http::StatusCode;

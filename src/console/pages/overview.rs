@@ -25,6 +25,7 @@ pub async fn show(
     let perspectives = store.perspective_status().await?;
     let instances = store.live_instances().await?;
     let now = store.database_now().await?;
+    let blocked = store.blocked_totals(None).await?;
 
     let paused = query.refresh.as_deref() == Some("off");
     let page = OverviewPage {
@@ -36,6 +37,32 @@ pub async fn show(
         perspectives: perspectives
             .into_iter()
             .map(|p| PerspectiveRow {
+                blocked_lanes: blocked
+                    .iter()
+                    .find(|b| b.perspective_name == p.perspective_name)
+                    .map_or(0, |b| b.lanes),
+                blocked_events: blocked
+                    .iter()
+                    .find(|b| b.perspective_name == p.perspective_name)
+                    .map_or(0, |b| b.events),
+                blocked_href: view::href(
+                    "/blocked",
+                    &[("perspective", p.perspective_name.as_str())],
+                ),
+                paused: p.paused_at.map(|since| {
+                    let mut text = format!(
+                        "paused since {} ({} ago)",
+                        view::at(&since),
+                        view::age((now - since).num_milliseconds() as f64 / 1000.0)
+                    );
+                    if let Some(by) = &p.paused_by {
+                        text.push_str(&format!(" by {by}"));
+                    }
+                    if let Some(reason) = &p.paused_reason {
+                        text.push_str(&format!(": {reason}"));
+                    }
+                    text
+                }),
                 dead_letters_href: view::dead_letters_href(&[(
                     "perspective",
                     p.perspective_name.as_str(),
