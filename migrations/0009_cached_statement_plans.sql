@@ -126,3 +126,28 @@ BEGIN
     RETURN v_n;
 END
 $$;
+
+-- The optimistic pass's whole write in one call: the statements, then the completion of the
+-- batch's rows (fenced, as complete_perspective_events). Returns how many rows were still ours:
+-- fewer than given means a lease was lost and the caller must roll back.
+CREATE FUNCTION apply_and_complete_perspective_events(
+    p_instance_id uuid,
+    p_event_work_ids uuid[],
+    p_statements text[],
+    p_statement int[],
+    p_data jsonb[],
+    p_stream_id uuid[],
+    p_event_id uuid[],
+    p_event_type text[],
+    p_global_position bigint[],
+    p_stream_version int[],
+    p_metadata jsonb[])
+RETURNS int
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM apply_perspective_statements(p_statements, p_statement, p_data, p_stream_id,
+                                         p_event_id, p_event_type, p_global_position,
+                                         p_stream_version, p_metadata);
+    RETURN complete_perspective_events(p_instance_id, p_event_work_ids);
+END
+$$;

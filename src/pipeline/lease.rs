@@ -18,8 +18,9 @@ use uuid::Uuid;
 
 use super::inflight::Reservation;
 use crate::store::{
-    complete_in, move_many_to_dead_letters_in, move_to_dead_letters_in, record_failure_in,
-    release_started_in, release_unstarted_in, InstanceId, MoveOutcome, Store, StoreError, WorkRow,
+    apply_statements_and_complete_in, complete_in, move_many_to_dead_letters_in,
+    move_to_dead_letters_in, record_failure_in, release_started_in, release_unstarted_in,
+    InstanceId, MoveOutcome, StatementBatch, Store, StoreError, WorkRow,
 };
 use crate::telemetry::metrics as m;
 
@@ -273,6 +274,21 @@ impl LeasedBatch {
         ids: &[Uuid],
     ) -> Result<bool, StoreError> {
         let n = complete_in(tx, self.instance, ids).await?;
+        staged.completed.extend_from_slice(ids);
+        Ok(n as usize == ids.len())
+    }
+
+    /// Runs a batch's SQL statements and completes `ids` inside `tx`, in one call. Returns
+    /// false when some row is no longer ours (the transaction must then be rolled back); an
+    /// error of any statement is an error.
+    pub async fn apply_and_complete_in(
+        &self,
+        tx: &mut PgConnection,
+        staged: &mut Staged,
+        statements: &StatementBatch,
+        ids: &[Uuid],
+    ) -> Result<bool, StoreError> {
+        let n = apply_statements_and_complete_in(tx, statements, self.instance, ids).await?;
         staged.completed.extend_from_slice(ids);
         Ok(n as usize == ids.len())
     }

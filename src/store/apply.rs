@@ -3,7 +3,7 @@
 
 use uuid::Uuid;
 
-use super::{map_db_error, StoreError};
+use super::{map_db_error, InstanceId, StoreError};
 
 /// The statements of a run of events, in apply order, with their bound parameters.
 #[derive(Debug, Default)]
@@ -92,4 +92,34 @@ pub async fn apply_statements_in(
         .await
         .map_err(map_db_error)?;
     Ok(())
+}
+
+/// Runs every statement of `batch` and then completes `complete` (rows leased to `instance`), in
+/// the caller's transaction, in one round trip (`apply_and_complete_perspective_events`).
+/// Returns how many of `complete` were still ours: fewer means a lease was lost and the
+/// transaction must be rolled back. An error of any statement fails the call.
+pub async fn apply_statements_and_complete_in(
+    conn: &mut sqlx::PgConnection,
+    batch: &StatementBatch,
+    instance: InstanceId,
+    complete: &[Uuid],
+) -> Result<u64, StoreError> {
+    let n: i32 = sqlx::query_scalar(
+        "SELECT apply_and_complete_perspective_events($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+    )
+    .bind(instance.0)
+    .bind(complete)
+    .bind(&batch.statements)
+    .bind(&batch.statement)
+    .bind(&batch.data)
+    .bind(&batch.stream_id)
+    .bind(&batch.event_id)
+    .bind(&batch.event_type)
+    .bind(&batch.global_position)
+    .bind(&batch.stream_version)
+    .bind(&batch.metadata)
+    .fetch_one(conn)
+    .await
+    .map_err(map_db_error)?;
+    Ok(n as u64)
 }

@@ -12,9 +12,7 @@ use super::{ApplyBatchError, ApplyContext, BatchOutcome, Lane};
 use crate::perspective::{ApplyError, EventEnvelope, Perspective};
 use crate::pipeline::backoff::retry_delay;
 use crate::pipeline::lease::{LeasedBatch, Staged};
-use crate::store::{
-    apply_statements_in, StatementBatch, StatementParams, Store, StoreError, FAILURE_PERMANENT,
-};
+use crate::store::{StatementBatch, StatementParams, Store, StoreError, FAILURE_PERMANENT};
 use crate::telemetry::metrics as m;
 
 /// How long we ask the database whether it is there before calling it unavailable.
@@ -291,13 +289,21 @@ pub(super) async fn apply_fast(
             }
         }
     }
+    let mut completed = None;
     if !statements.is_empty() {
+        // The statements and the completion of every row of the pass in one call.
+        let mut to_complete = pass.done.clone();
+        to_complete.extend(batched.iter().map(|(_, ev)| ev.event_work_id));
         let started = Instant::now();
         let deadline = ctx.apply_timeout + Duration::from_millis(250);
-        let result =
-            tokio::time::timeout(deadline, apply_statements_in(&mut btx.tx, &statements)).await;
+        let result = tokio::time::timeout(
+            deadline,
+            lease.apply_and_complete_in(&mut btx.tx, &mut pass.staged, &statements, &to_complete),
+        )
+        .await;
         match result {
-            Ok(Ok(())) => {
+            Ok(Ok(all_ours)) => {
+                completed = Some(all_ours);
                 // One call for all: each event is credited its share of the time.
                 let share = started.elapsed().as_secs_f64() / statements.len() as f64;
                 for (lane, ev) in batched {
@@ -322,7 +328,9 @@ pub(super) async fn apply_fast(
             }
         }
     }
-    finish(ctx, lease, btx, pass, lanes).await.map(Some)
+    finish(ctx, lease, btx, pass, lanes, completed)
+        .await
+        .map(Some)
 }
 
 /// The seven parameters of an event's statement.
@@ -338,14 +346,16 @@ fn params(ev: &EventEnvelope) -> StatementParams<'_> {
     }
 }
 
-/// Completes the pass's rows in the transaction and commits, then reports its changes. A lost
-/// lease rolls everything back; what the pass decided is then redone on its own statements.
+/// Completes the pass's rows in the transaction (unless `completed` says the apply call did,
+/// and whether they were all still ours) and commits, then reports its changes. A lost lease
+/// rolls everything back; what the pass decided is then redone on its own statements.
 async fn finish(
     ctx: &ApplyContext,
     lease: &mut LeasedBatch,
     mut btx: BatchTx,
     pass: Pass,
     lanes: &[Lane],
+    completed: Option<bool>,
 ) -> Result<BatchOutcome, Abort> {
     let Pass {
         marks,
@@ -354,7 +364,11 @@ async fn finish(
         mut staged,
         outcome,
     } = pass;
-    let all_ours = match lease.complete_in(&mut btx.tx, &mut staged, &done).await {
+    let completion = match completed {
+        Some(all) => Ok(all),
+        None => lease.complete_in(&mut btx.tx, &mut staged, &done).await,
+    };
+    let all_ours = match completion {
         Ok(all) => all,
         Err(e) => {
             marks.forget(ctx);
@@ -535,5 +549,5 @@ pub(super) async fn apply_careful(
             }
         }
     }
-    finish(ctx, lease, btx, pass, lanes).await
+    finish(ctx, lease, btx, pass, lanes, None).await
 }
