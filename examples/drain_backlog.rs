@@ -54,6 +54,7 @@ async fn main() -> anyhow::Result<()> {
             )]
             .into(),
             reset: None,
+            quarantine_after: None,
         });
     }
 

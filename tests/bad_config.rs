@@ -164,6 +164,27 @@ fn cases() -> Vec<Case> {
             ),
             want: &["perspectives[0].name = \"orders\\u{7}\" (from ", "control character"],
         },
+        Case {
+            what: "a quarantine that is not N in a duration",
+            input: Toml(
+                "[[perspectives]]\nname = \"orders\"\nevents = [\"A\"]\nquarantine_after = \"50 in 5 minutes or so\"\n[perspectives.sql]\nA = \"SELECT 1\"",
+            ),
+            want: &[
+                "perspectives[0].quarantine_after = \"50 in 5 minutes or so\" (from ",
+                "vantage.toml)",
+                "expected \"N in DURATION\", such as \"50 in 5m\"",
+            ],
+        },
+        Case {
+            what: "a quarantine window of zero",
+            input: Toml(
+                "[[perspectives]]\nname = \"orders\"\nevents = [\"A\"]\nquarantine_after = \"3 in 0s\"\n[perspectives.sql]\nA = \"SELECT 1\"",
+            ),
+            want: &[
+                "perspectives[0].quarantine_after = \"3 in 0s\" (from ",
+                "more than zero",
+            ],
+        },
     ]
 }
 

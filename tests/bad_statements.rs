@@ -277,6 +277,7 @@ fn perspective(events: &[&str], sql: &[(&str, &str)], reset: Option<&str>) -> Pe
             .map(|(t, s)| (t.to_string(), s.to_string()))
             .collect(),
         reset: reset.map(String::from),
+        quarantine_after: None,
     }
 }
 

@@ -65,7 +65,8 @@ fn emit_every_metric() {
             | m::EVENTS_APPLIED_TOTAL
             | m::APPLY_FAILURES_TOTAL
             | m::COOLDOWN_SKIPS_TOTAL
-            | m::LEASE_TAKEOVERS_TOTAL => {
+            | m::LEASE_TAKEOVERS_TOTAL
+            | m::PERSPECTIVE_QUARANTINES_TOTAL => {
                 metrics::counter!(name, m::LABEL_PERSPECTIVE => P).increment(1);
             }
             m::DEAD_LETTER_MOVE_ERRORS_TOTAL | m::LEASES_RELEASED_TOTAL => {
@@ -250,6 +251,7 @@ async fn dashboard_and_alerts_use_only_metrics_the_daemon_exports() {
         m::DEAD_LETTER_MOVE_ERRORS_TOTAL,
         m::BLOCKED_EVENTS,
         m::PERSPECTIVE_PAUSED,
+        m::PERSPECTIVE_QUARANTINES_TOTAL,
     ] {
         assert!(alert_text.contains(needed), "no alert rule uses {needed}");
     }

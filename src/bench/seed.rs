@@ -44,6 +44,7 @@ impl PerspectiveSpec {
             events: vec![self.event_type.clone()],
             sql: [(self.event_type.clone(), statement)].into(),
             reset: None,
+            quarantine_after: None,
         }
     }
 }

@@ -58,7 +58,7 @@ pub use error::ConfigError;
 pub use redact::DatabaseUrl;
 pub use sections::{
     CooldownSettings, DatabaseSettings, HttpSettings, LogFormat, LogSettings, OrphanSettings,
-    PerspectiveSettings, Settings, WorkerSettings,
+    PerspectiveSettings, QuarantineAfter, Settings, WorkerSettings,
 };
 
 use messages::Written;

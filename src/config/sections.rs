@@ -275,4 +275,45 @@ pub struct PerspectiveSettings {
         skip_serializing_if = "Option::is_none"
     )]
     pub reset: Option<String>,
+    /// `quarantine_after`: optional `"N in DURATION"` (e.g. `"50 in 5m"`): when N of its events
+    /// are dead-lettered within DURATION, the daemon pauses the perspective. `None` = never.
+    #[serde(
+        default,
+        with = "values::quarantine_after",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub quarantine_after: Option<QuarantineAfter>,
+}
+
+/// `perspectives[].quarantine_after`: pause the perspective once `dead_letters` of its events
+/// were dead-lettered within `window` (counting only those since it was last resumed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuarantineAfter {
+    /// N: at least 1.
+    pub dead_letters: u32,
+    /// DURATION: more than zero, at most [`MAX_DURATION`](super::MAX_DURATION).
+    pub window: Duration,
+}
+
+impl QuarantineAfter {
+    /// The pause reason it records: `quarantined: 50 dead letters in 5m`.
+    pub fn reason(&self) -> String {
+        format!(
+            "quarantined: {} dead letters in {}",
+            self.dead_letters,
+            humantime::format_duration(self.window)
+        )
+    }
+}
+
+impl fmt::Display for QuarantineAfter {
+    /// As written in the configuration: `50 in 5m`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} in {}",
+            self.dead_letters,
+            humantime::format_duration(self.window)
+        )
+    }
 }

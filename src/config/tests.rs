@@ -467,6 +467,53 @@ fn perspective_rules() {
 }
 
 #[test]
+fn quarantine_after_is_n_in_a_duration() {
+    let base = "[[perspectives]]\nname = \"p\"\nevents = [\"A\"]\n";
+    let sql = "[perspectives.sql]\nA = \"select 1\"\n";
+    let parse = |value: &str| {
+        Settings::from_toml_str(&format!("{base}quarantine_after = {value}\n{sql}"))
+            .map(|s| s.perspectives[0].quarantine_after)
+    };
+    assert_eq!(
+        parse("\"50 in 5m\"").unwrap(),
+        Some(QuarantineAfter {
+            dead_letters: 50,
+            window: Duration::from_secs(300)
+        })
+    );
+    let q = parse("\"  3   in  1m 30s \"").unwrap().unwrap();
+    assert_eq!((q.dead_letters, q.window), (3, Duration::from_secs(90)));
+    assert_eq!(q.to_string(), "3 in 1m 30s");
+    assert_eq!(q.reason(), "quarantined: 3 dead letters in 1m 30s");
+    assert_eq!(parse("\"1 in 7d\"").unwrap().unwrap().dead_letters, 1);
+    // Absent: off.
+    let s = Settings::from_toml_str(&format!("{base}{sql}")).unwrap();
+    assert_eq!(s.perspectives[0].quarantine_after, None);
+
+    for bad in [
+        "\"fifty in 5m\"",
+        "\"0 in 5m\"",
+        "\"-1 in 5m\"",
+        "\"50 in 0s\"",
+        "\"50 in 8d\"",
+        "\"50 in 5\"",
+        "\"50 per 5m\"",
+        "\"50\"",
+        "\"2147483648 in 5m\"",
+        "\"\"",
+        "50",
+        "true",
+    ] {
+        let e = parse(bad).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("invalid configuration: perspectives[0].quarantine_after = {bad}: expected \"N in DURATION\", such as \"50 in 5m\"")),
+            "{bad}: {e}"
+        );
+        assert!(e.contains("at most 7d"), "{bad}: {e}");
+    }
+}
+
+#[test]
 fn redacted_toml_hides_the_password_and_round_trips() {
     let s = Settings::from_toml_str(&format!(
         r#"
@@ -479,6 +526,7 @@ fn redacted_toml_hides_the_password_and_round_trips() {
         name = "order_summary"
         events = ["OrderPlaced", "Odd \"type\"\n"]
         reset = "TRUNCATE order_summary"
+        quarantine_after = "50 in 1h 30s"
         [perspectives.sql]
         OrderPlaced = "INSERT INTO t VALUES ($1->>'id')"
         "Odd \"type\"\n" = "SELECT '\\'"
@@ -487,6 +535,7 @@ fn redacted_toml_hides_the_password_and_round_trips() {
     .unwrap();
     let out = s.redacted_toml();
     assert!(!out.contains("secret"), "{out}");
+    assert!(out.contains("quarantine_after = \"50 in 1h 30s\""), "{out}");
     assert!(out.contains("url = \"postgres://u:***@h/db\""), "{out}");
 
     let back = Settings::from_toml_str(&out).unwrap();

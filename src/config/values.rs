@@ -16,7 +16,7 @@ use serde::de::{self, Deserialize, Deserializer, SeqAccess, Visitor};
 
 use super::database::UrlProblem;
 use super::redact::DatabaseUrl;
-use super::sections::LogFormat;
+use super::sections::{LogFormat, QuarantineAfter};
 use super::{MAX_CONSUMERS, MAX_DURATION, MAX_DURATION_TEXT, MAX_SQL_INT};
 
 /// Marks an error message as ours: what follows is the "expected" text. Anything else that
@@ -197,6 +197,53 @@ pub(super) mod duration {
 
     pub fn serialize<S: Serializer>(v: &Duration, s: S) -> Result<S::Ok, S::Error> {
         humantime_serde::serialize(v, s)
+    }
+}
+
+/// `perspectives[].quarantine_after`: `"N in DURATION"`, N a positive integer, DURATION a
+/// duration with a unit, more than zero and at most [`MAX_DURATION`].
+pub(super) mod quarantine_after {
+    use super::*;
+    use serde::Serializer;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<QuarantineAfter>, D::Error> {
+        let parsed = Scalar::deserialize(d)?
+            .into_string()
+            .and_then(|s| parse(&s));
+        match parsed {
+            Some(q) => Ok(Some(q)),
+            None => Err(expected(format_args!(
+                "\"N in DURATION\", such as \"50 in 5m\": pause the perspective once N of its \
+                 events (a positive integer up to {MAX_SQL_INT}) are dead-lettered within \
+                 DURATION (more than zero, at most {MAX_DURATION_TEXT})"
+            ))),
+        }
+    }
+
+    fn parse(s: &str) -> Option<QuarantineAfter> {
+        let mut words = s.split_whitespace();
+        let dead_letters: u32 = words.next()?.parse().ok()?;
+        if words.next() != Some("in") {
+            return None;
+        }
+        let window = humantime::parse_duration(&words.collect::<Vec<_>>().join(" ")).ok()?;
+        let fits = dead_letters >= 1
+            && u64::from(dead_letters) <= MAX_SQL_INT
+            && !window.is_zero()
+            && window <= MAX_DURATION;
+        fits.then_some(QuarantineAfter {
+            dead_letters,
+            window,
+        })
+    }
+
+    pub fn serialize<S: Serializer>(v: &Option<QuarantineAfter>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(q) => s.collect_str(q),
+            None => s.serialize_none(),
+        }
     }
 }
 

@@ -11,6 +11,9 @@ mod listener;
 
 pub use background::{Activator, TaskStatus};
 
+/// How often a daemon checks its perspectives with `quarantine_after`.
+pub const QUARANTINE_PERIOD: Duration = background::Quarantine::PERIOD;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,7 +25,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use self::background::{Driver, Heartbeat, LeaseRenewal, Sampler};
+use self::background::{Driver, Heartbeat, LeaseRenewal, Quarantine, Sampler};
 use crate::config::{Settings, WorkerSettings};
 use crate::perspective::{Perspective, PerspectiveRegistry, RegistryError};
 use crate::pipeline::cooldown::CooldownCache;
@@ -348,8 +351,8 @@ impl Tasks {
         wake_tx
     }
 
-    /// Heartbeat and cleanup, lease renewal, the sampler (one [`Driver`]), and the systemd
-    /// watchdog; returns the driver and the handles of heartbeat and lease renewal.
+    /// Heartbeat and cleanup, lease renewal, quarantine (for perspectives with
+    /// `quarantine_after`), the sampler (one [`Driver`]), and the systemd watchdog; returns the driver and the handles of heartbeat and lease renewal.
     fn spawn_background(&self, b: Background) -> (Driver, Vec<JoinHandle<()>>) {
         let driver = Driver::new(
             b.health.clone(),
@@ -385,6 +388,18 @@ impl Tasks {
             },
             self.stop_renewal.clone(),
         );
+        let watched = Quarantine::watched(&b.settings);
+        if !watched.is_empty() {
+            driver.spawn(
+                "quarantine",
+                Quarantine::PERIOD,
+                Duration::from_secs(60),
+                Quarantine {
+                    store: b.store.clone(),
+                    watched,
+                },
+            );
+        }
         driver.spawn(
             "sampler",
             Sampler::PERIOD,
@@ -579,7 +594,8 @@ impl RunningDaemon {
         &self.inflight
     }
 
-    /// The latest status of each background task (`heartbeat`, `lease-renewal`, `sampler`).
+    /// The latest status of each background task (`heartbeat`, `lease-renewal`, `sampler`,
+    /// and `quarantine` when a perspective has `quarantine_after`).
     pub fn background_status(&self) -> BTreeMap<String, TaskStatus> {
         self.driver.statuses()
     }

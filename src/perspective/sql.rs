@@ -538,6 +538,7 @@ mod tests {
                 .map(|(t, s)| (t.to_string(), s.to_string()))
                 .collect(),
             reset: reset.map(String::from),
+            quarantine_after: None,
         })
     }
 

@@ -36,7 +36,7 @@ pub use events::{
 };
 pub use instances::{InstanceInfo, LiveInstance};
 pub use status::{PerspectiveStatus, StoreGauges};
-pub use triage::{BlockedLane, BlockedTotals, ErrorGroup, PauseState};
+pub use triage::{BlockedLane, BlockedTotals, ErrorGroup, PauseState, QUARANTINE_BY};
 
 use std::fmt;
 use std::time::{Duration, Instant};

@@ -9,12 +9,19 @@
 //! - Blocked lanes are found from the failing rows (`failures > 0`, or parked), keeping those
 //!   that are the head of their lane; what waits behind a head is counted on the lane index.
 //! - A paused perspective is not claimed (`wh_claimable_perspectives`, `get_stream_events`);
-//!   pausing is a row update, so every daemon sees it at its next claim.
+//!   pausing is a row update, so every daemon sees it at its next claim. Quarantine is the
+//!   same update, made by a daemon when the perspective's recent dead letters reach its
+//!   `quarantine_after` (migration 0011).
+
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{map_db_error, Store, StoreError};
+
+/// Who a quarantine's pause is by (`paused_by`, shown by `status` and the console).
+pub const QUARANTINE_BY: &str = "vantage quarantine";
 
 /// One error group: the open dead letters that share a fingerprint.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
@@ -223,14 +230,15 @@ impl Store {
     }
 
     /// Resumes a paused perspective and wakes the daemons. True if it was paused; false if it
-    /// was not (nothing changed). `None` if no such perspective is registered.
+    /// was not (nothing changed). `None` if no such perspective is registered. Records when
+    /// (`resumed_at`): quarantine counts only the dead letters after it.
     pub async fn resume_perspective(&self, name: &str) -> Result<Option<bool>, StoreError> {
         let changed: Option<bool> = sqlx::query_scalar(
             "WITH p AS (SELECT perspective_name, paused_at FROM wh_perspectives \
                         WHERE perspective_name = $1 FOR UPDATE), \
                   u AS (UPDATE wh_perspectives w \
                         SET paused_at = NULL, paused_reason = NULL, paused_by = NULL, \
-                            updated_at = now() \
+                            resumed_at = now(), updated_at = now() \
                         FROM p WHERE w.perspective_name = p.perspective_name \
                           AND p.paused_at IS NOT NULL \
                         RETURNING 1) \
@@ -244,6 +252,42 @@ impl Store {
             self.notify_work().await?;
         }
         Ok(changed)
+    }
+
+    /// Quarantine (`perspectives[].quarantine_after`): pauses `name` with `reason`, by
+    /// [`QUARANTINE_BY`], if it runs and at least `dead_letters` of its events were
+    /// dead-lettered within the last `window` and since it was last resumed. One statement,
+    /// fenced on `paused_at IS NULL`: of several daemons checking at once only one pauses it,
+    /// and only that one gets `Some(paused_at)`; `None` when nothing changed. The count reads
+    /// at most `dead_letters` entries of the perspective's index of recent dead letters.
+    pub async fn quarantine_perspective(
+        &self,
+        name: &str,
+        dead_letters: u32,
+        window: Duration,
+        reason: &str,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        sqlx::query_scalar(
+            "UPDATE wh_perspectives p \
+             SET paused_at = now(), paused_reason = $4, paused_by = $5, updated_at = now() \
+             WHERE p.perspective_name = $1 \
+               AND p.paused_at IS NULL \
+               AND (SELECT count(*) FROM ( \
+                        SELECT 1 FROM wh_dead_letters d \
+                        WHERE d.perspective_name = $1 \
+                          AND d.dead_lettered_at > greatest(now() - make_interval(secs => $3), \
+                                                            p.resumed_at) \
+                        LIMIT $2) n) >= $2 \
+             RETURNING p.paused_at",
+        )
+        .bind(name)
+        .bind(i64::from(dead_letters))
+        .bind(window.as_secs_f64())
+        .bind(reason)
+        .bind(QUARANTINE_BY)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_db_error)
     }
 
     /// Every registered perspective's pause state, by name.

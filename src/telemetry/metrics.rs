@@ -37,6 +37,9 @@ pub const BLOCKED_EVENTS: &str = "vantage_blocked_events";
 /// Gauge: 1 while the perspective is paused (`vantage perspectives pause`), else 0, label
 /// `perspective`.
 pub const PERSPECTIVE_PAUSED: &str = "vantage_perspective_paused";
+/// Counter: times this instance paused the perspective because its dead letters reached
+/// `quarantine_after`, label `perspective`.
+pub const PERSPECTIVE_QUARANTINES_TOTAL: &str = "vantage_perspective_quarantines_total";
 /// Gauge (always 1): build information, label `version`.
 pub const BUILD_INFO: &str = "vantage_build_info";
 
@@ -66,6 +69,7 @@ pub const ALL: &[&str] = &[
     BLOCKED_LANES,
     BLOCKED_EVENTS,
     PERSPECTIVE_PAUSED,
+    PERSPECTIVE_QUARANTINES_TOTAL,
     BUILD_INFO,
 ];
 
@@ -160,6 +164,11 @@ pub fn describe_all() {
         PERSPECTIVE_PAUSED,
         "1 while the perspective is paused (vantage perspectives pause), else 0."
     );
+    describe_counter!(
+        PERSPECTIVE_QUARANTINES_TOTAL,
+        Unit::Count,
+        "Times this instance paused the perspective because its dead letters reached perspectives.quarantine_after."
+    );
     describe_gauge!(
         BUILD_INFO,
         "Build information (always 1), labelled with the version."
@@ -185,6 +194,7 @@ pub fn register_zeroes(perspectives: &[String]) {
             APPLY_FAILURES_TOTAL,
             COOLDOWN_SKIPS_TOTAL,
             LEASE_TAKEOVERS_TOTAL,
+            PERSPECTIVE_QUARANTINES_TOTAL,
         ] {
             metrics::counter!(name, LABEL_PERSPECTIVE => p.clone()).increment(0);
         }
