@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! cargo run --example inventory -- --demo   # sample events, the read model, a dead letter; exits
-//! cargo run --example inventory             # serves until SIGTERM/Ctrl-C
+//! cargo run --example inventory             # the daemon: serves until SIGTERM/Ctrl-C
 //! cargo test --example inventory            # the unit tests below, no PostgreSQL needed
 //! ```
 //!
@@ -18,10 +18,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::Deserialize;
+use sqlx::{Connection, PgConnection};
+use vantage::cli::{exit, signals};
 use vantage::config::{LoadOptions, Settings};
-use vantage::daemon::DaemonBuilder;
+use vantage::daemon::{DaemonBuilder, DaemonError};
 use vantage::perspective::{ApplyError, ApplyTx, Typed, TypedEnvelope, TypedPerspective};
 use vantage::store::{NewEvent, Store, StoreOptions};
+use vantage::throwaway::ThrowawayPostgres;
 
 // ---- the events: what producers append, as serde types ------------------------------------
 
@@ -143,54 +146,98 @@ impl TypedPerspective for InventoryLevels {
     }
 }
 
-// ---- the binary ---------------------------------------------------------------------------
+// ---- the binary -------------------------------------------------------------------------
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    match run(std::env::args().any(|a| a == "--demo")).await {
-        Ok(()) => ExitCode::SUCCESS,
+/// A daemon binary: vantage's configuration, logging, signals and exit codes (those of
+/// `vantage run`), with this perspective. Its `main` is
+/// `ExitCode::from(serve(LoadOptions::default()).await as u8)`.
+async fn serve(options: LoadOptions) -> i32 {
+    // Defaults < config/vantage.toml (or options.config_path) < VANTAGE__SECTION__KEY;
+    // DATABASE_URL and PG* are honoured.
+    let settings = match Settings::load(&options) {
+        Ok(settings) => settings,
         Err(e) => {
-            eprintln!("inventory: {e:#}");
-            ExitCode::FAILURE
+            eprintln!("inventory: {e}");
+            return exit::CONFIG;
+        }
+    };
+    // Log lines per [log]; the first SIGTERM/SIGINT stops gracefully, a second one at once.
+    let stop = match signals::start_service(&settings.log) {
+        Ok(token) => token,
+        Err(code) => return code,
+    };
+    let started = DaemonBuilder::new(settings)
+        .shutdown_on(stop)
+        .perspective(Typed(InventoryLevels))
+        .start()
+        .await;
+    let result = match started {
+        Ok(daemon) => daemon.wait().await,
+        Err(DaemonError::Stopped) => Ok(()), // stopped during start-up, nothing claimed
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(()) => exit::OK,
+        Err(e) => {
+            eprintln!("inventory: {e}");
+            e.exit_code()
         }
     }
 }
 
-async fn run(demo: bool) -> anyhow::Result<()> {
-    // DATABASE_URL, or a throwaway local server kept alive for the whole run.
+#[tokio::main]
+async fn main() -> ExitCode {
+    // The example runs anywhere: DATABASE_URL, or a throwaway local PostgreSQL kept alive
+    // until the end of main.
     let (database_url, _server) = match std::env::var("DATABASE_URL") {
         Ok(url) => (url, None),
-        Err(_) => {
-            let server =
-                tokio::task::spawn_blocking(vantage::throwaway::ThrowawayPostgres::start).await??;
-            (server.url(), Some(server))
-        }
+        Err(_) => match tokio::task::spawn_blocking(ThrowawayPostgres::start).await {
+            Ok(Ok(server)) => (server.url(), Some(server)),
+            Ok(Err(e)) => return fail(e.into()),
+            Err(e) => return fail(e.into()),
+        },
     };
-    // vantage's configuration: defaults < config/vantage.toml < VANTAGE__SECTION__KEY.
-    let settings = Settings::load(&LoadOptions {
+    // The read model's table belongs to the application (its own migrations); here, made
+    // up front.
+    if let Err(e) = create_read_model(&database_url).await {
+        return fail(e);
+    }
+    let options = LoadOptions {
         database_url: Some(database_url),
         ..LoadOptions::default()
-    })?;
-    // Log lines per `[log]`; SIGTERM/SIGINT stop the daemon gracefully.
-    let stop = vantage::cli::signals::start_service(&settings.log)
-        .map_err(|code| anyhow::anyhow!("cannot start the service (exit code {code})"))?;
+    };
+    if std::env::args().any(|a| a == "--demo") {
+        return match demo(options).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e),
+        };
+    }
+    ExitCode::from(serve(options).await as u8)
+}
 
+fn fail(e: anyhow::Error) -> ExitCode {
+    eprintln!("inventory: {e:#}");
+    ExitCode::FAILURE
+}
+
+async fn create_read_model(database_url: &str) -> anyhow::Result<()> {
+    let mut conn = PgConnection::connect(database_url).await?;
+    sqlx::raw_sql(SCHEMA_SQL).execute(&mut conn).await?;
+    conn.close().await?;
+    Ok(())
+}
+
+/// `--demo`: the daemon in-process, a few events (one with a zero quantity), the read model
+/// and the dead letter printed, a graceful shutdown.
+async fn demo(options: LoadOptions) -> anyhow::Result<()> {
+    let settings = Settings::load(&options)?;
     let store = Store::connect(&StoreOptions::from_settings(&settings.database)).await?;
-    sqlx::raw_sql(SCHEMA_SQL).execute(store.pool()).await?;
-
-    let mut builder = DaemonBuilder::new(settings)
+    let daemon = DaemonBuilder::new(settings)
         .store(store.clone())
-        .shutdown_on(stop)
-        .perspective(Typed(InventoryLevels));
-    if demo {
-        // /metrics and the probes are for a service; the demo leaves `http.listen` free.
-        builder = builder.without_http();
-    }
-    let daemon = builder.start().await?;
-    if !demo {
-        daemon.wait().await?;
-        return Ok(());
-    }
+        .without_http()
+        .perspective(Typed(InventoryLevels))
+        .start()
+        .await?;
 
     let events = [
         (
@@ -218,7 +265,7 @@ async fn run(demo: bool) -> anyhow::Result<()> {
         .append_events(uuid::Uuid::new_v4(), Some(0), &events)
         .await?;
 
-    // The demo waits until nothing is left to apply (a service never needs to).
+    // Wait until nothing is left to apply (a service never needs to).
     for _ in 0..100 {
         let left: i64 = sqlx::query_scalar("SELECT count(*) FROM wh_perspective_events")
             .fetch_one(store.pool())
