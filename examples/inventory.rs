@@ -92,13 +92,6 @@ impl<'a> StockChange<'a> {
 /// zero: events are facts, and a shipment recorded before its delivery is still a shipment.
 struct InventoryLevels;
 
-/// The read model's table (the application owns it, not vantage).
-const SCHEMA_SQL: &str = "CREATE SCHEMA IF NOT EXISTS inventory; \
-     CREATE TABLE IF NOT EXISTS inventory.levels ( \
-       sku text NOT NULL, warehouse text NOT NULL, \
-       on_hand bigint NOT NULL, received bigint NOT NULL, shipped bigint NOT NULL, \
-       PRIMARY KEY (sku, warehouse))";
-
 #[async_trait]
 impl TypedPerspective for InventoryLevels {
     type Event = InventoryEvent;
@@ -219,6 +212,13 @@ fn fail(e: anyhow::Error) -> ExitCode {
     eprintln!("inventory: {e:#}");
     ExitCode::FAILURE
 }
+
+/// The read model's table (the application owns it, not vantage).
+const SCHEMA_SQL: &str = "CREATE SCHEMA IF NOT EXISTS inventory; \
+     CREATE TABLE IF NOT EXISTS inventory.levels ( \
+       sku text NOT NULL, warehouse text NOT NULL, \
+       on_hand bigint NOT NULL, received bigint NOT NULL, shipped bigint NOT NULL, \
+       PRIMARY KEY (sku, warehouse))";
 
 async fn create_read_model(database_url: &str) -> anyhow::Result<()> {
     let mut conn = PgConnection::connect(database_url).await?;

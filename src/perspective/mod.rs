@@ -117,7 +117,8 @@ impl ApplyError {
     }
 }
 
-/// A read model kept current by vantage.
+/// A read model kept current by vantage, with payloads as raw JSON. For payloads deserialized
+/// with serde, implement [`TypedPerspective`] instead and run it as [`Typed`].
 ///
 /// `apply` runs inside the transaction that also completes the event's work row, so effects
 /// written through `tx` are exactly-once. Events of one stream arrive in `stream_version` order.

@@ -52,7 +52,7 @@ impl<E: DeserializeOwned> TypedEnvelope<E> {
     ///
     /// ```
     /// # use vantage::perspective::{ApplyError, EventEnvelope, TypedEnvelope};
-    /// #[derive(serde::Deserialize)]
+    /// #[derive(Debug, serde::Deserialize)]
     /// enum Ev { Renamed { name: String } }
     ///
     /// let raw = EventEnvelope {
