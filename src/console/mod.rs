@@ -1,22 +1,22 @@
 //! The operator console (SPEC §4.4): server-rendered pages on `console.listen`.
 //!
 //! The routes:
-//! - `GET /` — the overview ([`pages::overview`]): per perspective pending, leased, parked, open
+//! - `GET /` — the overview (`pages::overview`): per perspective pending, leased, parked, open
 //!   dead letters and the oldest pending age, then the live instances; it refreshes itself
 //!   every [`REFRESH_SECONDS`] with a `<meta http-equiv="refresh">`, paused by `?refresh=off`;
-//! - `GET /dead-letters` — the list ([`pages::dead_letters`]), every filter in the URL (a GET
+//! - `GET /dead-letters` — the list (`pages::dead_letters`), every filter in the URL (a GET
 //!   form), a count, keyset pages;
-//! - `GET /dead-letters/{position}/{perspective}` — the detail ([`pages::detail`]), the event
+//! - `GET /dead-letters/{position}/{perspective}` — the detail (`pages::detail`), the event
 //!   re-read live from `wh_event_store` as `vantage dlq inspect` does;
-//! - `GET /groups` — open dead letters grouped by error fingerprint ([`pages::groups`]), each
+//! - `GET /groups` — open dead letters grouped by error fingerprint (`pages::groups`), each
 //!   linking to the list filtered by it and to the bulk previews of that filter;
 //! - `GET /blocked` — the lanes whose head is parked or failing and what waits behind them
-//!   ([`pages::blocked`]), as `vantage status --blocked` shows them;
+//!   (`pages::blocked`), as `vantage status --blocked` shows them;
 //! - `GET /console.css` — the one stylesheet, embedded in the binary;
-//! - `POST /actions` — one action on one dead letter ([`pages::actions`]): replay, requeue or
+//! - `POST /actions` — one action on one dead letter (`pages::actions`): replay, requeue or
 //!   purge, through [`crate::dlq`] exactly as `vantage dlq` does, then 303 to its detail page;
 //! - `GET /bulk` — the preview of an action on every open dead letter matching a list filter
-//!   ([`pages::bulk`]): the server's count, what exactly will change, a confirmation form;
+//!   (`pages::bulk`): the server's count, what exactly will change, a confirmation form;
 //!   `POST /bulk` — the confirmed action, refused when the matching set changed since the
 //!   preview; at most [`BULK_LIMIT`] dead letters per confirmation.
 //!

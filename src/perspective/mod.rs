@@ -1,10 +1,27 @@
-//! Perspectives: the [`Perspective`] trait, SQL perspectives from configuration, the registry.
+//! Perspectives: the [`Perspective`] trait, typed Rust perspectives, SQL perspectives from
+//! configuration, the registry.
+//!
+//! A Rust perspective implements either
+//! - [`TypedPerspective`]: its payloads arrive deserialized (serde) as its own `Event` type in
+//!   a [`TypedEnvelope`]; a payload that does not deserialize is dead-lettered at once
+//!   (`PermanentFailure`) with serde's error as its text. Run it as [`Typed`]`(perspective)`.
+//!   This is the one to start with;
+//! - or [`Perspective`]: payloads as raw JSON in an [`EventEnvelope`], the transaction as a
+//!   plain `&mut PgConnection`.
+//!
+//! Both are added to a daemon with
+//! [`DaemonBuilder::perspective`](crate::daemon::DaemonBuilder::perspective); the README's
+//! "Build your own daemon binary" and `examples/inventory.rs` walk through one.
 
 mod registry;
 mod sql;
+mod typed;
 
 pub use registry::{prepare_sql_perspectives, PerspectiveRegistry, RegistryError};
 pub use sql::{SqlPerspective, SqlPerspectiveError};
+pub use typed::{
+    decode_event, ApplyTx, PayloadError, Typed, TypedEnvelope, TypedPerspective, NO_TRANSACTION,
+};
 
 use async_trait::async_trait;
 use sqlx::PgConnection;
@@ -100,7 +117,8 @@ impl ApplyError {
     }
 }
 
-/// A read model kept current by vantage.
+/// A read model kept current by vantage, with payloads as raw JSON. For payloads deserialized
+/// with serde, implement [`TypedPerspective`] instead and run it as [`Typed`].
 ///
 /// `apply` runs inside the transaction that also completes the event's work row, so effects
 /// written through `tx` are exactly-once. Events of one stream arrive in `stream_version` order.

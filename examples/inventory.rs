@@ -1,0 +1,396 @@
+//! A typed Rust perspective: stock levels per SKU and warehouse, kept current from
+//! `ItemReceived` and `ItemShipped` events. The README's "Build your own daemon binary" walks
+//! through this file.
+//!
+//! ```sh
+//! cargo run --example inventory -- --demo   # sample events, the read model, a dead letter; exits
+//! cargo run --example inventory             # the daemon: serves until SIGTERM/Ctrl-C
+//! cargo test --example inventory            # the unit tests below, no PostgreSQL needed
+//! ```
+//!
+//! Without `DATABASE_URL` it starts a throwaway local PostgreSQL (removed on exit); with it,
+//! it uses that database. The rest of the configuration is vantage's own: `VANTAGE__…`
+//! variables and `config/vantage.toml` if present.
+
+use std::num::NonZeroU32;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use sqlx::{Connection, PgConnection};
+use vantage::cli::{exit, signals};
+use vantage::config::{LoadOptions, Settings};
+use vantage::daemon::{DaemonBuilder, DaemonError};
+use vantage::perspective::{ApplyError, ApplyTx, Typed, TypedEnvelope, TypedPerspective};
+use vantage::store::{NewEvent, Store, StoreOptions};
+use vantage::throwaway::ThrowawayPostgres;
+
+// ---- the events: what producers append, as serde types ------------------------------------
+
+/// The events this perspective reads. Each variant is an event type (its name is the stored
+/// `event_type`); its fields are the payload. A quantity of 0 does not deserialize, so such an
+/// event is dead-lettered at once (`PermanentFailure`) with serde's error as its text.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+enum InventoryEvent {
+    ItemReceived {
+        sku: String,
+        warehouse: String,
+        quantity: NonZeroU32,
+    },
+    ItemShipped {
+        sku: String,
+        warehouse: String,
+        quantity: NonZeroU32,
+    },
+}
+
+// ---- the pure logic: what one event does to the read model ---------------------------------
+
+/// What one event adds to a row of `inventory.levels`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct StockChange<'a> {
+    sku: &'a str,
+    warehouse: &'a str,
+    on_hand: i64,
+    received: i64,
+    shipped: i64,
+}
+
+impl<'a> StockChange<'a> {
+    fn of(event: &'a InventoryEvent) -> StockChange<'a> {
+        match event {
+            InventoryEvent::ItemReceived {
+                sku,
+                warehouse,
+                quantity,
+            } => StockChange {
+                sku,
+                warehouse,
+                on_hand: i64::from(quantity.get()),
+                received: i64::from(quantity.get()),
+                shipped: 0,
+            },
+            InventoryEvent::ItemShipped {
+                sku,
+                warehouse,
+                quantity,
+            } => StockChange {
+                sku,
+                warehouse,
+                on_hand: -i64::from(quantity.get()),
+                received: 0,
+                shipped: i64::from(quantity.get()),
+            },
+        }
+    }
+}
+
+// ---- the perspective: the change, written in the daemon's transaction ----------------------
+
+/// The read model: `inventory.levels`, one row per (sku, warehouse). `on_hand` may go below
+/// zero: events are facts, and a shipment recorded before its delivery is still a shipment.
+struct InventoryLevels;
+
+#[async_trait]
+impl TypedPerspective for InventoryLevels {
+    type Event = InventoryEvent;
+
+    fn name(&self) -> &str {
+        "inventory_levels"
+    }
+
+    fn event_types(&self) -> Vec<String> {
+        vec!["ItemReceived".into(), "ItemShipped".into()]
+    }
+
+    async fn apply(
+        &self,
+        event: &TypedEnvelope<InventoryEvent>,
+        tx: &mut ApplyTx<'_>,
+    ) -> Result<(), ApplyError> {
+        let change = StockChange::of(&event.data);
+        // Runs in the transaction that also completes the event's work row: exactly once.
+        sqlx::query(
+            "INSERT INTO inventory.levels (sku, warehouse, on_hand, received, shipped) \
+             VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (sku, warehouse) DO UPDATE SET \
+               on_hand = levels.on_hand + EXCLUDED.on_hand, \
+               received = levels.received + EXCLUDED.received, \
+               shipped = levels.shipped + EXCLUDED.shipped",
+        )
+        .bind(change.sku)
+        .bind(change.warehouse)
+        .bind(change.on_hand)
+        .bind(change.received)
+        .bind(change.shipped)
+        .execute(tx.connection()?)
+        .await
+        .map_err(ApplyError::from_sqlx)?;
+        Ok(())
+    }
+
+    async fn reset(&self, tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
+        sqlx::query("TRUNCATE inventory.levels")
+            .execute(tx.connection()?)
+            .await
+            .map_err(ApplyError::from_sqlx)?;
+        Ok(())
+    }
+}
+
+// ---- the binary -------------------------------------------------------------------------
+
+/// A daemon binary: vantage's configuration, logging, signals and exit codes (those of
+/// `vantage run`), with this perspective. Its `main` is
+/// `ExitCode::from(serve(LoadOptions::default()).await as u8)`.
+async fn serve(options: LoadOptions) -> i32 {
+    // Defaults < config/vantage.toml (or options.config_path) < VANTAGE__SECTION__KEY;
+    // DATABASE_URL and PG* are honoured.
+    let settings = match Settings::load(&options) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("inventory: {e}");
+            return exit::CONFIG;
+        }
+    };
+    // Log lines per [log]; the first SIGTERM/SIGINT stops gracefully, a second one at once.
+    let stop = match signals::start_service(&settings.log) {
+        Ok(token) => token,
+        Err(code) => return code,
+    };
+    let started = DaemonBuilder::new(settings)
+        .shutdown_on(stop)
+        .perspective(Typed(InventoryLevels))
+        .start()
+        .await;
+    let result = match started {
+        Ok(daemon) => daemon.wait().await,
+        Err(DaemonError::Stopped) => Ok(()), // stopped during start-up, nothing claimed
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(()) => exit::OK,
+        Err(e) => {
+            eprintln!("inventory: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    // The example runs anywhere: DATABASE_URL, or a throwaway local PostgreSQL kept alive
+    // until the end of main.
+    let (database_url, _server) = match std::env::var("DATABASE_URL") {
+        Ok(url) => (url, None),
+        Err(_) => match tokio::task::spawn_blocking(ThrowawayPostgres::start).await {
+            Ok(Ok(server)) => (server.url(), Some(server)),
+            Ok(Err(e)) => return fail(e.into()),
+            Err(e) => return fail(e.into()),
+        },
+    };
+    // The read model's table belongs to the application (its own migrations); here, made
+    // up front.
+    if let Err(e) = create_read_model(&database_url).await {
+        return fail(e);
+    }
+    let options = LoadOptions {
+        database_url: Some(database_url),
+        ..LoadOptions::default()
+    };
+    if std::env::args().any(|a| a == "--demo") {
+        return match demo(options).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e),
+        };
+    }
+    ExitCode::from(serve(options).await as u8)
+}
+
+fn fail(e: anyhow::Error) -> ExitCode {
+    eprintln!("inventory: {e:#}");
+    ExitCode::FAILURE
+}
+
+/// The read model's table (the application owns it, not vantage).
+const SCHEMA_SQL: &str = "CREATE SCHEMA IF NOT EXISTS inventory; \
+     CREATE TABLE IF NOT EXISTS inventory.levels ( \
+       sku text NOT NULL, warehouse text NOT NULL, \
+       on_hand bigint NOT NULL, received bigint NOT NULL, shipped bigint NOT NULL, \
+       PRIMARY KEY (sku, warehouse))";
+
+async fn create_read_model(database_url: &str) -> anyhow::Result<()> {
+    let mut conn = PgConnection::connect(database_url).await?;
+    sqlx::raw_sql(SCHEMA_SQL).execute(&mut conn).await?;
+    conn.close().await?;
+    Ok(())
+}
+
+/// `--demo`: the daemon in-process, a few events (one with a zero quantity), the read model
+/// and the dead letter printed, a graceful shutdown.
+async fn demo(options: LoadOptions) -> anyhow::Result<()> {
+    let settings = Settings::load(&options)?;
+    let store = Store::connect(&StoreOptions::from_settings(&settings.database)).await?;
+    let daemon = DaemonBuilder::new(settings)
+        .store(store.clone())
+        .without_http()
+        .perspective(Typed(InventoryLevels))
+        .start()
+        .await?;
+
+    let events = [
+        (
+            "ItemReceived",
+            r#"{"sku": "A-1", "warehouse": "north", "quantity": 10}"#,
+        ),
+        (
+            "ItemShipped",
+            r#"{"sku": "A-1", "warehouse": "north", "quantity": 3}"#,
+        ),
+        (
+            "ItemReceived",
+            r#"{"sku": "B-2", "warehouse": "south", "quantity": 5}"#,
+        ),
+        (
+            "ItemShipped",
+            r#"{"sku": "B-2", "warehouse": "south", "quantity": 0}"#,
+        ),
+    ];
+    let events = events
+        .iter()
+        .map(|(event_type, data)| Ok(NewEvent::new(*event_type, serde_json::from_str(data)?)))
+        .collect::<serde_json::Result<Vec<_>>>()?;
+    store
+        .append_events(uuid::Uuid::new_v4(), Some(0), &events)
+        .await?;
+
+    // Wait until nothing is left to apply (a service never needs to).
+    for _ in 0..100 {
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM wh_perspective_events")
+            .fetch_one(store.pool())
+            .await?;
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let levels: Vec<(String, String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT sku, warehouse, on_hand, received, shipped FROM inventory.levels ORDER BY sku",
+    )
+    .fetch_all(store.pool())
+    .await?;
+    println!("sku  warehouse  on_hand  received  shipped");
+    for (sku, warehouse, on_hand, received, shipped) in levels {
+        println!("{sku:<4} {warehouse:<10} {on_hand:>7} {received:>9} {shipped:>8}");
+    }
+    for dead in store.open_dead_letters(Some("inventory_levels")).await? {
+        println!(
+            "dead-lettered at position {} ({}): {}",
+            dead.global_position,
+            dead.failure_reason,
+            dead.error_text.unwrap_or_default()
+        );
+    }
+    daemon.shutdown().await?;
+    Ok(())
+}
+
+// ---- unit tests: the payloads and the pure logic, no PostgreSQL --------------------------------
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use vantage::perspective::{decode_event, NO_TRANSACTION};
+
+    fn received(sku: &str, quantity: u32) -> InventoryEvent {
+        InventoryEvent::ItemReceived {
+            sku: sku.into(),
+            warehouse: "north".into(),
+            quantity: NonZeroU32::new(quantity).unwrap(),
+        }
+    }
+
+    #[test]
+    fn stored_payloads_decode_by_event_type() {
+        let data = json!({"sku": "A-1", "warehouse": "north", "quantity": 10});
+        let event: InventoryEvent = decode_event("ItemReceived", &data).unwrap();
+        assert_eq!(event, received("A-1", 10));
+        let event: InventoryEvent = decode_event("ItemShipped", &data).unwrap();
+        assert!(matches!(event, InventoryEvent::ItemShipped { .. }));
+    }
+
+    #[test]
+    fn a_zero_quantity_is_refused_with_the_field_named() {
+        let data = json!({"sku": "A-1", "warehouse": "north", "quantity": 0});
+        let err = decode_event::<InventoryEvent>("ItemShipped", &data).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "payload of ItemShipped does not deserialize: quantity: \
+             invalid value: integer `0`, expected a nonzero u32"
+        );
+    }
+
+    #[test]
+    fn a_missing_field_is_refused() {
+        let data = json!({"sku": "A-1", "quantity": 1});
+        let err = decode_event::<InventoryEvent>("ItemReceived", &data).unwrap_err();
+        assert!(
+            err.to_string().contains("missing field `warehouse`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_receipt_adds_to_on_hand_and_received() {
+        let event = received("A-1", 10);
+        assert_eq!(
+            StockChange::of(&event),
+            StockChange {
+                sku: "A-1",
+                warehouse: "north",
+                on_hand: 10,
+                received: 10,
+                shipped: 0
+            }
+        );
+    }
+
+    #[test]
+    fn a_shipment_takes_from_on_hand_and_adds_to_shipped() {
+        let event = InventoryEvent::ItemShipped {
+            sku: "A-1".into(),
+            warehouse: "south".into(),
+            quantity: NonZeroU32::new(4).unwrap(),
+        };
+        let change = StockChange::of(&event);
+        assert_eq!(
+            (change.on_hand, change.received, change.shipped),
+            (-4, 0, 4)
+        );
+        assert_eq!(change.warehouse, "south");
+    }
+
+    #[tokio::test]
+    async fn without_a_database_apply_fails_clearly_instead_of_writing_elsewhere() {
+        let envelope = TypedEnvelope {
+            event_work_id: uuid::Uuid::new_v4(),
+            perspective_name: "inventory_levels".into(),
+            event_id: uuid::Uuid::new_v4(),
+            stream_id: uuid::Uuid::new_v4(),
+            stream_version: 1,
+            global_position: 1,
+            event_type: "ItemReceived".into(),
+            data: received("A-1", 1),
+            metadata: json!({}),
+            attempts: 1,
+            failures: 0,
+        };
+        let err = InventoryLevels
+            .apply(&envelope, &mut ApplyTx::none())
+            .await
+            .unwrap_err();
+        assert_eq!(err, ApplyError::Permanent(NO_TRANSACTION.into()));
+    }
+}
