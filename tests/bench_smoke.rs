@@ -19,6 +19,8 @@ async fn bench_drains_a_small_backlog_and_prints_the_three_lines() {
         consumers: 2,
         batch_size: 50,
         checks: vec![Check::DeadLetter],
+        // Two rounds of the main pair: the median-round path runs too.
+        rounds: 2,
         drain_timeout: Duration::from_secs(60),
         // Figures are not asserted: no need to wait for exact statistics.
         settle: Duration::from_millis(100),
@@ -35,6 +37,7 @@ async fn bench_drains_a_small_backlog_and_prints_the_three_lines() {
     assert_eq!(vantage.check.out_of_order, 0);
     assert_eq!(vantage.check.remaining, 0);
     assert_eq!(report.crash_safe.as_ref().map(|l| l.rows), Some(300));
+    assert_eq!(report.rounds.len(), 2, "one ratio per round");
     assert_eq!(report.floor.as_ref().map(|l| l.rows), Some(300));
     assert_eq!(report.checks.len(), 1);
     assert_eq!(report.checks[0].ratios.len(), 1);

@@ -25,6 +25,8 @@ pub struct Report {
     pub crash_safe: Option<LimitRun>,
     /// The single-transaction floor.
     pub floor: Option<LimitRun>,
+    /// drain/limit of every round, in run order (one unless `--rounds`).
+    pub rounds: Vec<f64>,
     /// The checks, in the order they ran.
     pub checks: Vec<CheckOutcome>,
 }
@@ -39,6 +41,7 @@ impl Report {
             vantage: None,
             crash_safe: None,
             floor: None,
+            rounds: Vec::new(),
             checks: Vec::new(),
         }
     }
@@ -192,6 +195,14 @@ impl fmt::Display for Report {
             }
         }
         writeln!(f)?;
+        if self.rounds.len() > 1 {
+            let list: Vec<String> = self.rounds.iter().map(|r| format!("{r:.2}")).collect();
+            writeln!(
+                f,
+                "rounds (drain/limit, in run order): {}; the median round is reported",
+                list.join(", ")
+            )?;
+        }
         writeln!(f, "limit: {:.0}", self.limit_rate())?;
         writeln!(f, "vantage: {:.0}", self.vantage_rate())?;
         write!(f, "drain/limit ratio: {:.2}", self.ratio())

@@ -60,6 +60,10 @@ pub struct BenchArgs {
     /// Give up on one drain after this long.
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub drain_timeout: Duration,
+    /// Run the main drain and the crash-safe limit this many times, alternating, and report
+    /// the round with the median ratio (on a shared, noisy machine one pair can mislead).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub rounds: u32,
 }
 
 impl BenchArgs {
@@ -97,6 +101,7 @@ impl BenchArgs {
             large_backlog: self.large_backlog,
             dead_tuples: self.dead_tuples,
             drain_timeout: self.drain_timeout,
+            rounds: self.rounds,
             ..BenchConfig::default()
         })
     }
