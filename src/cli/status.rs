@@ -1,7 +1,7 @@
 //! `vantage status`: per perspective, its work (pending, leased, parked), its open dead
 //! letters and the age of its oldest work row, whether it is paused and how many lanes are
 //! blocked; then the live instances. `--blocked`: the blocked lanes themselves
-//! ([`blocked`]).
+//! (`blocked`).
 //!
 //! Ages are measured on the database's clock, the one that wrote the timestamps.
 

@@ -30,7 +30,7 @@
 //! [`DatabaseUrl::expose`]: `Debug`, `Display`, `Serialize`, [`Settings::redacted_toml`] and
 //! every [`ConfigError`] redact it.
 //!
-//! The files: [`sections`] (the serde structs and their defaults), `console` (the `[console]`
+//! The files: `sections` (the serde structs and their defaults), `console` (the `[console]`
 //! section, its secrets and its rule), `values` (the parser of each
 //! key), `layers` (reading and merging), `validate` (rules across keys), `messages` (what a
 //! failure says), `database` (the URL and `PG*` as the client reads them), `redact`, `error`.

@@ -265,7 +265,7 @@ impl BenchStore {
         Ok(())
     }
 
-    /// Seeds `per_stream` events of `event_type` into each of `streams` streams (see [`SEED`]);
+    /// Seeds `per_stream` events of `event_type` into each of `streams` streams (see `SEED`);
     /// `salt` keeps the stream ids of different seeds apart. Returns the events inserted.
     pub async fn seed(
         &self,
@@ -469,7 +469,7 @@ impl BenchStore {
     // ---------------------------------------------------------------------------------------
     // The physical limit
 
-    /// Crash-safe shape, transaction 1 (see [`LIMIT_LEASE`]): the leased ids.
+    /// Crash-safe shape, transaction 1 (see `LIMIT_LEASE`): the leased ids.
     pub async fn limit_lease(
         &self,
         holder: Uuid,
@@ -484,7 +484,7 @@ impl BenchStore {
             .await?)
     }
 
-    /// Crash-safe shape, transaction 2 (see [`LIMIT_APPLY`]): rows applied and deleted.
+    /// Crash-safe shape, transaction 2 (see `LIMIT_APPLY`): rows applied and deleted.
     pub async fn limit_apply(&self, holder: Uuid, ids: &[Uuid]) -> Result<u64, StoreError> {
         Ok(sqlx::query(LIMIT_APPLY)
             .bind(holder)
@@ -494,7 +494,7 @@ impl BenchStore {
             .rows_affected())
     }
 
-    /// The single-transaction floor (see [`LIMIT_FLOOR`]): rows applied and deleted.
+    /// The single-transaction floor (see `LIMIT_FLOOR`): rows applied and deleted.
     pub async fn limit_floor(
         &self,
         perspectives: &[String],

@@ -11,11 +11,11 @@
 //! 6. Prints the dead letters, a few rows of the read model, the metrics URL and `vantage dlq`
 //!    commands to try (stdout), then keeps running until Ctrl-C (`--once`: exits).
 //!
-//! One file per part: [`config`] (what `config/demo.toml` and the usual layers say, and the
-//! read model DDL of `config/demo.sql`), [`sample`] (the seeded order generator), [`producer`]
-//! (appending it as an application would), [`drain`] (waiting for the daemon, with
-//! [`progress`] on stderr), [`report`] (what is printed at the end, with the commands of
-//! [`cli_hint`]) and [`signals`] (Ctrl-C).
+//! One file per part: `config` (what `config/demo.toml` and the usual layers say, and the
+//! read model DDL of `config/demo.sql`), `sample` (the seeded order generator), `producer`
+//! (appending it as an application would), `drain` (waiting for the daemon, with
+//! `progress` on stderr), `report` (what is printed at the end, with the commands of
+//! `cli_hint`) and `signals` (Ctrl-C).
 
 mod cli_hint;
 mod config;
