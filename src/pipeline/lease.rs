@@ -285,7 +285,7 @@ impl LeasedBatch {
         &self,
         tx: &mut PgConnection,
         staged: &mut Staged,
-        statements: &StatementBatch,
+        statements: &StatementBatch<'_>,
         ids: &[Uuid],
     ) -> Result<bool, StoreError> {
         let n = apply_statements_and_complete_in(tx, statements, self.instance, ids).await?;

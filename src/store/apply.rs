@@ -5,18 +5,19 @@ use uuid::Uuid;
 
 use super::{map_db_error, InstanceId, StoreError};
 
-/// The statements of a run of events, in apply order, with their bound parameters.
+/// The statements of a run of events, in apply order, with their bound parameters (borrowed
+/// from the events: a batch's payloads are not copied to be sent).
 #[derive(Debug, Default)]
-pub struct StatementBatch {
-    statements: Vec<String>,
+pub struct StatementBatch<'a> {
+    statements: Vec<&'a str>,
     statement: Vec<i32>,
-    data: Vec<serde_json::Value>,
+    data: Vec<&'a serde_json::Value>,
     stream_id: Vec<Uuid>,
     event_id: Vec<Uuid>,
-    event_type: Vec<String>,
+    event_type: Vec<&'a str>,
     global_position: Vec<i64>,
     stream_version: Vec<i32>,
-    metadata: Vec<serde_json::Value>,
+    metadata: Vec<&'a serde_json::Value>,
 }
 
 /// One event's parameters (SPEC §3.1: `$1` … `$7`).
@@ -38,24 +39,24 @@ pub struct StatementParams<'a> {
     pub metadata: &'a serde_json::Value,
 }
 
-impl StatementBatch {
+impl<'a> StatementBatch<'a> {
     /// Adds one event's statement (each distinct statement is sent once).
-    pub fn push(&mut self, statement: &str, p: StatementParams<'_>) {
-        let index = match self.statements.iter().position(|s| s == statement) {
+    pub fn push(&mut self, statement: &'a str, p: StatementParams<'a>) {
+        let index = match self.statements.iter().position(|s| *s == statement) {
             Some(i) => i,
             None => {
-                self.statements.push(statement.to_owned());
+                self.statements.push(statement);
                 self.statements.len() - 1
             }
         };
         self.statement.push(index as i32 + 1);
-        self.data.push(p.data.clone());
+        self.data.push(p.data);
         self.stream_id.push(p.stream_id);
         self.event_id.push(p.event_id);
-        self.event_type.push(p.event_type.to_owned());
+        self.event_type.push(p.event_type);
         self.global_position.push(p.global_position);
         self.stream_version.push(p.stream_version);
-        self.metadata.push(p.metadata.clone());
+        self.metadata.push(p.metadata);
     }
 
     /// Events in the batch.
@@ -73,7 +74,7 @@ impl StatementBatch {
 /// error of any statement fails the call (the transaction must then be rolled back).
 pub async fn apply_statements_in(
     conn: &mut sqlx::PgConnection,
-    batch: &StatementBatch,
+    batch: &StatementBatch<'_>,
 ) -> Result<(), StoreError> {
     if batch.is_empty() {
         return Ok(());
@@ -100,7 +101,7 @@ pub async fn apply_statements_in(
 /// transaction must be rolled back. An error of any statement fails the call.
 pub async fn apply_statements_and_complete_in(
     conn: &mut sqlx::PgConnection,
-    batch: &StatementBatch,
+    batch: &StatementBatch<'_>,
     instance: InstanceId,
     complete: &[Uuid],
 ) -> Result<u64, StoreError> {
