@@ -103,7 +103,8 @@ LANGUAGE sql AS $$
       AND pg_try_advisory_xact_lock_shared(wh_perspective_lock_key(p.perspective_name));
 $$;
 
--- Redefined from its 0006 text; only the perspectives filter changes (paused ones are skipped).
+-- Redefined from its 0006 text; only the perspectives filter changes: it is now
+-- wh_claimable_perspectives, so paused ones are skipped.
 -- claim_and_fetch_pending_perspective_events calls this one, so it skips them too.
 CREATE OR REPLACE FUNCTION get_stream_events(
     p_instance_id uuid,
@@ -126,12 +127,9 @@ DECLARE
     v_take     uuid[];
     v_own      uuid[];
 BEGIN
-    SELECT array_agg(p.perspective_name) INTO v_names
-    FROM wh_perspectives p
-    -- As in 0003: skip a perspective being rebuilt. 0008: and a paused one.
-    WHERE (p_perspective_names IS NULL OR p.perspective_name = ANY (p_perspective_names))
-      AND p.paused_at IS NULL
-      AND pg_try_advisory_xact_lock_shared(wh_perspective_lock_key(p.perspective_name));
+    -- As in 0003: skip a perspective being rebuilt. 0008: and a paused one; the one place
+    -- that says which perspectives may be claimed (0007).
+    v_names := wh_claimable_perspectives(p_perspective_names);
     -- 0006: only a registered instance claims, and it holds its row (KEY SHARE) until the claim
     -- commits, so deregister_instance (which deletes that row first) waits for a claim under way
     -- and no claim can lease anything for an instance that has deregistered.

@@ -2411,7 +2411,9 @@ async fn a_locked_head_is_skipped_without_waiting_and_nothing_behind_it_is_taken
 /// the transaction that created it.
 #[tokio::test]
 async fn the_batched_apply_runs_every_kind_of_statement_in_order() -> TestResult {
-    use vantage::store::{apply_statements_in, StatementBatch, StatementParams};
+    use vantage::store::{apply_statements_and_complete_in, StatementBatch, StatementParams};
+
+    let nobody = InstanceId::new(); // nothing to complete: the statements alone
 
     let ctx = setup().await?;
     let store = ctx.store.clone();
@@ -2454,7 +2456,7 @@ async fn the_batched_apply_runs_every_kind_of_statement_in_order() -> TestResult
             );
         }
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        apply_statements_in(&mut tx, &batch).await?;
+        apply_statements_and_complete_in(&mut tx, &batch, nobody, &[]).await?;
         if round == 1 {
             tx.rollback().await?; // what this round created is gone: the next one must not care
         } else {
@@ -2503,7 +2505,12 @@ async fn the_batched_apply_runs_every_kind_of_statement_in_order() -> TestResult
             },
         );
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        assert!(apply_statements_in(&mut tx, &batch).await.is_err(), "{bad}");
+        assert!(
+            apply_statements_and_complete_in(&mut tx, &batch, nobody, &[])
+                .await
+                .is_err(),
+            "{bad}"
+        );
         tx.rollback().await?;
     }
     Ok(())

@@ -70,33 +70,9 @@ impl<'a> StatementBatch<'a> {
     }
 }
 
-/// Runs every statement of `batch`, in order, in the caller's transaction: one round trip. An
-/// error of any statement fails the call (the transaction must then be rolled back).
-pub async fn apply_statements_in(
-    conn: &mut sqlx::PgConnection,
-    batch: &StatementBatch<'_>,
-) -> Result<(), StoreError> {
-    if batch.is_empty() {
-        return Ok(());
-    }
-    sqlx::query("SELECT apply_perspective_statements($1, $2, $3, $4, $5, $6, $7, $8, $9)")
-        .bind(&batch.statements)
-        .bind(&batch.statement)
-        .bind(&batch.data)
-        .bind(&batch.stream_id)
-        .bind(&batch.event_id)
-        .bind(&batch.event_type)
-        .bind(&batch.global_position)
-        .bind(&batch.stream_version)
-        .bind(&batch.metadata)
-        .execute(conn)
-        .await
-        .map_err(map_db_error)?;
-    Ok(())
-}
-
-/// Runs every statement of `batch` and then completes `complete` (rows leased to `instance`), in
-/// the caller's transaction, in one round trip (`apply_and_complete_perspective_events`).
+/// Runs every statement of `batch`, in order, and then completes `complete` (rows leased to
+/// `instance`; may be empty), in the caller's transaction, in one round trip
+/// (`apply_and_complete_perspective_events`).
 /// Returns how many of `complete` were still ours: fewer means a lease was lost and the
 /// transaction must be rolled back. An error of any statement fails the call.
 pub async fn apply_statements_and_complete_in(

@@ -16,9 +16,7 @@ mod operator;
 mod status;
 mod triage;
 
-pub use apply::{
-    apply_statements_and_complete_in, apply_statements_in, StatementBatch, StatementParams,
-};
+pub use apply::{apply_statements_and_complete_in, StatementBatch, StatementParams};
 pub use claims::{
     complete_in, record_failure_in, release_started_in, release_unstarted_in, ClaimedHead, WorkRow,
 };
