@@ -11,10 +11,9 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::PgConnection;
 use vantage::config::{DatabaseUrl, Settings};
 use vantage::daemon::DaemonBuilder;
-use vantage::perspective::{ApplyError, EventEnvelope, Perspective};
+use vantage::perspective::{ApplyError, ApplyTx, EventEnvelope, Perspective};
 use vantage::store::{NewEvent, Store, StoreOptions};
 
 /// Counts events per type. Its writes go through `tx`, the transaction that also completes the
@@ -31,7 +30,7 @@ impl Perspective for EventCounts {
         vec!["*".into()]
     }
 
-    async fn apply(&self, event: &EventEnvelope, tx: &mut PgConnection) -> Result<(), ApplyError> {
+    async fn apply(&self, event: &EventEnvelope, tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
         if event.data.get("broken").is_some() {
             // Will never succeed: dead-lettered at once instead of retried.
             return Err(ApplyError::Permanent("payload marked broken".into()));
@@ -41,15 +40,15 @@ impl Perspective for EventCounts {
              ON CONFLICT (event_type) DO UPDATE SET n = example.event_counts.n + 1",
         )
         .bind(&event.event_type)
-        .execute(&mut *tx)
+        .execute(tx.connection()?)
         .await
         .map_err(ApplyError::from_sqlx)?;
         Ok(())
     }
 
-    async fn reset(&self, tx: &mut PgConnection) -> Result<(), ApplyError> {
+    async fn reset(&self, tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
         sqlx::query("TRUNCATE example.event_counts")
-            .execute(&mut *tx)
+            .execute(tx.connection()?)
             .await
             .map_err(ApplyError::from_sqlx)?;
         Ok(())

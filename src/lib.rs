@@ -65,4 +65,5 @@ pub mod perspective;
 pub mod pipeline;
 pub mod store;
 pub mod telemetry;
+pub mod testkit;
 pub mod throwaway;

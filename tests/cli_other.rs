@@ -50,7 +50,14 @@ async fn drain(env: &Env, perspective: &str) {
             failures: 0,
         };
         let mut tx = env.store.pool().begin().await.unwrap();
-        if handler.apply(&envelope, &mut tx).await.is_err() {
+        if handler
+            .apply(
+                &envelope,
+                &mut vantage::perspective::ApplyTx::postgres(&mut tx),
+            )
+            .await
+            .is_err()
+        {
             tx.rollback().await.unwrap();
             continue;
         }

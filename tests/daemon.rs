@@ -6,11 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use sqlx::PgConnection;
 use uuid::Uuid;
 use vantage::config::Settings;
 use vantage::daemon::{DaemonBuilder, RunningDaemon};
-use vantage::perspective::{ApplyError, EventEnvelope, Perspective};
+use vantage::perspective::{ApplyError, ApplyTx, EventEnvelope, Perspective};
 use vantage::pipeline::cooldown::CooldownCache;
 use vantage::store::NewEvent;
 
@@ -395,13 +394,13 @@ impl Perspective for Recorder {
     fn event_types(&self) -> Vec<String> {
         vec!["*".into()]
     }
-    async fn apply(&self, e: &EventEnvelope, tx: &mut PgConnection) -> Result<(), ApplyError> {
+    async fn apply(&self, e: &EventEnvelope, tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
         self.seen.lock().unwrap().insert(e.event_work_id);
         let exclusive: bool =
             sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1 || ':' || $2::text))")
                 .bind(&self.name)
                 .bind(e.stream_id)
-                .fetch_one(&mut *tx)
+                .fetch_one(tx.connection()?)
                 .await
                 .map_err(ApplyError::from_sqlx)?;
         if !exclusive {
@@ -419,7 +418,7 @@ impl Perspective for Recorder {
         .bind(e.stream_id)
         .bind(e.stream_version)
         .bind(e.attempts)
-        .execute(&mut *tx)
+        .execute(tx.connection()?)
         .await
         .map_err(ApplyError::from_sqlx)?;
         Ok(())

@@ -7,13 +7,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use sqlx::PgConnection;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 use vantage::config::{Settings, WorkerSettings};
 use vantage::daemon::{DaemonBuilder, RunningDaemon};
-use vantage::perspective::{ApplyError, EventEnvelope, Perspective};
+use vantage::perspective::{ApplyError, ApplyTx, EventEnvelope, Perspective};
 use vantage::store::{InstanceId, InstanceInfo, NewEvent, Store};
 
 type Env = common::MigratedDatabase;
@@ -175,13 +174,13 @@ impl Perspective for Forever {
     fn event_types(&self) -> Vec<String> {
         vec!["HangR".into(), "OkR".into()]
     }
-    async fn apply(&self, e: &EventEnvelope, tx: &mut PgConnection) -> Result<(), ApplyError> {
+    async fn apply(&self, e: &EventEnvelope, tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
         if e.event_type == "HangR" {
             std::future::pending::<()>().await;
         }
         sqlx::query("INSERT INTO rust_applied (stream_id) VALUES ($1)")
             .bind(e.stream_id)
-            .execute(&mut *tx)
+            .execute(tx.connection()?)
             .await
             .map_err(ApplyError::from_sqlx)?;
         Ok(())
@@ -264,7 +263,7 @@ impl Perspective for SlowThenFail {
     fn event_types(&self) -> Vec<String> {
         vec!["Slow".into(), "Fail".into()]
     }
-    async fn apply(&self, e: &EventEnvelope, _tx: &mut PgConnection) -> Result<(), ApplyError> {
+    async fn apply(&self, e: &EventEnvelope, _tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
         if e.event_type == "Slow" {
             tokio::time::sleep(Duration::from_millis(1500)).await;
             Ok(())
@@ -473,7 +472,7 @@ impl Perspective for Thief {
     fn event_types(&self) -> Vec<String> {
         vec!["Fail".into(), "Perm".into(), "Steal".into(), "Ok".into()]
     }
-    async fn apply(&self, e: &EventEnvelope, _tx: &mut PgConnection) -> Result<(), ApplyError> {
+    async fn apply(&self, e: &EventEnvelope, _tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
         match e.event_type.as_str() {
             "Fail" => Err(ApplyError::Retryable("fails on purpose".into())),
             "Perm" => Err(ApplyError::Permanent("never works".into())),

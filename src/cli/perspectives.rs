@@ -36,7 +36,7 @@ use sqlx::{Connection, PgConnection};
 use super::output::{self, confirm, Confirmed, Failure, Ui};
 use super::{exit, GlobalArgs};
 use crate::config::{PerspectiveSettings, Settings};
-use crate::perspective::{Perspective, SqlPerspective};
+use crate::perspective::{ApplyTx, Perspective, SqlPerspective};
 use crate::store::{requeue_history_batch_in, Store, StoreError};
 
 /// Events re-queued per round trip of a rebuild.
@@ -485,9 +485,12 @@ async fn rebuild_under_lock(
     if taken > 0 && !timed_out {
         ui.note(format!("Took back {taken} lapsed lease(s) of '{name}'."));
     }
-    handler.reset(&mut tx).await.map_err(|e| {
-        RebuildError::Failed(format!("the reset statement failed: {}", e.message()))
-    })?;
+    handler
+        .reset(&mut ApplyTx::postgres(&mut tx))
+        .await
+        .map_err(|e| {
+            RebuildError::Failed(format!("the reset statement failed: {}", e.message()))
+        })?;
     ui.note(format!("Reset the read model of '{name}'."));
     // Read after the reset, under the lock: an event stored later has its work row from the
     // fan-out, and nobody can complete it before this transaction commits.

@@ -20,7 +20,7 @@ pub mod msg;
 use std::fmt;
 
 use crate::config::PerspectiveSettings;
-use crate::perspective::{ApplyError, EventEnvelope, Perspective, SqlPerspective};
+use crate::perspective::{ApplyError, ApplyTx, EventEnvelope, Perspective, SqlPerspective};
 use crate::store::{resolve_dead_letter_in, DeadLetter, Store, StoreError, StoredEvent};
 
 /// Why an action was refused or could not be done. Its `Display` is the SPEC §4.2 message.
@@ -329,7 +329,10 @@ async fn dispatch(
     if Store::is_queued_in(&mut tx, &dl.perspective_name, dl.event_id).await? {
         return Ok(Dispatch::AlreadyQueued);
     }
-    if let Err(e) = handler.apply(&envelope, &mut tx).await {
+    if let Err(e) = handler
+        .apply(&envelope, &mut ApplyTx::postgres(&mut tx))
+        .await
+    {
         tx.rollback().await?;
         return Ok(Dispatch::Failed(e));
     }
@@ -454,7 +457,10 @@ pub async fn dry_run(
     }
 
     // The handler, as a replay runs it.
-    let applied = prepared.handler.apply(&envelope, &mut tx).await;
+    let applied = prepared
+        .handler
+        .apply(&envelope, &mut ApplyTx::postgres(&mut tx))
+        .await;
     let result = match applied {
         Err(e) => DryRun {
             error: Some(e.message().to_owned()),

@@ -6,8 +6,11 @@
 //!   a [`TypedEnvelope`]; a payload that does not deserialize is dead-lettered at once
 //!   (`PermanentFailure`) with serde's error as its text. Run it as [`Typed`]`(perspective)`.
 //!   This is the one to start with;
-//! - or [`Perspective`]: payloads as raw JSON in an [`EventEnvelope`], the transaction as a
-//!   plain `&mut PgConnection`.
+//! - or [`Perspective`]: payloads as raw JSON in an [`EventEnvelope`].
+//!
+//! Either way the handler gets the database side of the apply as an [`ApplyTx`]: the
+//! PostgreSQL transaction that also completes the event's work row, or, on the in-memory store
+//! ([`MemoryStore`](crate::store::MemoryStore), the [`testkit`](crate::testkit)), none.
 //!
 //! Both are added to a daemon with
 //! [`DaemonBuilder::perspective`](crate::daemon::DaemonBuilder::perspective); the README's
@@ -24,7 +27,6 @@ pub use typed::{
 };
 
 use async_trait::async_trait;
-use sqlx::PgConnection;
 use uuid::Uuid;
 
 /// One event, as a perspective sees it.
@@ -122,6 +124,8 @@ impl ApplyError {
 ///
 /// `apply` runs inside the transaction that also completes the event's work row, so effects
 /// written through `tx` are exactly-once. Events of one stream arrive in `stream_version` order.
+/// On the in-memory store there is no transaction ([`ApplyTx::has_database`] is false, and
+/// [`ApplyTx::connection`] fails permanently).
 #[async_trait]
 pub trait Perspective: Send + Sync + 'static {
     /// Unique name (`wh_perspectives.perspective_name`).
@@ -131,10 +135,10 @@ pub trait Perspective: Send + Sync + 'static {
     fn event_types(&self) -> Vec<String>;
 
     /// Applies one event.
-    async fn apply(&self, event: &EventEnvelope, tx: &mut PgConnection) -> Result<(), ApplyError>;
+    async fn apply(&self, event: &EventEnvelope, tx: &mut ApplyTx<'_>) -> Result<(), ApplyError>;
 
     /// Clears the read model before a rebuild (`vantage perspectives rebuild`). Default: nothing.
-    async fn reset(&self, _tx: &mut PgConnection) -> Result<(), ApplyError> {
+    async fn reset(&self, _tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
         Ok(())
     }
 

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use sqlx::{Either, Executor, PgConnection, Statement};
 
-use super::{ApplyError, EventEnvelope, Perspective};
+use super::{ApplyError, ApplyTx, EventEnvelope, Perspective};
 use crate::config::PerspectiveSettings;
 
 /// How many parameters are bound to an event's statement (`$1` … `$7`).
@@ -239,7 +239,7 @@ impl Perspective for SqlPerspective {
         self.statement(event_type)
     }
 
-    async fn apply(&self, event: &EventEnvelope, tx: &mut PgConnection) -> Result<(), ApplyError> {
+    async fn apply(&self, event: &EventEnvelope, tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
         // Configuration guarantees a statement for every subscribed type; an event without one
         // was queued under another subscription (the registry's types differ from this
         // configuration). Completing it would pretend it was applied.
@@ -260,16 +260,16 @@ impl Perspective for SqlPerspective {
             .bind(event.global_position)
             .bind(event.stream_version)
             .bind(&event.metadata)
-            .execute(&mut *tx)
+            .execute(tx.connection()?)
             .await
             .map_err(ApplyError::from_sqlx)?;
         Ok(())
     }
 
-    async fn reset(&self, tx: &mut PgConnection) -> Result<(), ApplyError> {
+    async fn reset(&self, tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
         if let Some(reset) = &self.reset {
             sqlx::query(reset)
-                .execute(&mut *tx)
+                .execute(tx.connection()?)
                 .await
                 .map_err(ApplyError::from_sqlx)?;
         }

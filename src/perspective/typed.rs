@@ -353,13 +353,13 @@ impl<P: TypedPerspective> Perspective for Typed<P> {
         self.0.event_types()
     }
 
-    async fn apply(&self, event: &EventEnvelope, tx: &mut PgConnection) -> Result<(), ApplyError> {
+    async fn apply(&self, event: &EventEnvelope, tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
         let typed = TypedEnvelope::<P::Event>::decode(event)?;
-        self.0.apply(&typed, &mut ApplyTx::postgres(tx)).await
+        self.0.apply(&typed, tx).await
     }
 
-    async fn reset(&self, tx: &mut PgConnection) -> Result<(), ApplyError> {
-        self.0.reset(&mut ApplyTx::postgres(tx)).await
+    async fn reset(&self, tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
+        self.0.reset(tx).await
     }
 
     fn effects_in_transaction(&self) -> bool {

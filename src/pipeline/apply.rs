@@ -43,13 +43,13 @@ use super::envelope::EventEnvelope;
 use super::inflight::InFlight;
 use super::lease::LeasedBatch;
 use crate::perspective::{Perspective, PerspectiveRegistry};
-use crate::store::{InstanceId, Store, StoreError};
+use crate::store::{InstanceId, StoreError, WorkStore};
 
 /// Everything the apply stage needs.
 #[derive(Clone)]
-pub struct ApplyContext {
-    /// The database.
-    pub store: Store,
+pub struct ApplyContext<S: WorkStore> {
+    /// The store.
+    pub store: S,
     /// Our lease holder id.
     pub instance: InstanceId,
     /// Handlers by perspective name.
@@ -142,7 +142,10 @@ impl Lane {
     }
 }
 
-fn lanes(ctx: &ApplyContext, events: Vec<EventEnvelope>) -> (Vec<Lane>, Vec<Uuid>) {
+fn lanes<S: WorkStore>(
+    ctx: &ApplyContext<S>,
+    events: Vec<EventEnvelope>,
+) -> (Vec<Lane>, Vec<Uuid>) {
     let mut lanes: Vec<Lane> = Vec::new();
     let mut unhandled = Vec::new();
     for ev in events {
@@ -170,9 +173,9 @@ fn lanes(ctx: &ApplyContext, events: Vec<EventEnvelope>) -> (Vec<Lane>, Vec<Uuid
 /// Applies one batch of typed events (all leased to us through `lease`, ordered by stream,
 /// perspective, stream_version). Every row of `events` is settled (completed, failed,
 /// dead-lettered or given back) when this returns Ok.
-pub async fn apply_batch(
-    ctx: &ApplyContext,
-    lease: &mut LeasedBatch,
+pub async fn apply_batch<S: WorkStore>(
+    ctx: &ApplyContext<S>,
+    lease: &mut LeasedBatch<S>,
     events: Vec<EventEnvelope>,
 ) -> Result<BatchOutcome, ApplyBatchError> {
     let (lanes, unhandled) = lanes(ctx, events);
@@ -219,9 +222,9 @@ pub async fn apply_batch(
 }
 
 /// One lane in its own transactions: retried on lock conflicts, then charged.
-async fn run_lane_alone(
-    ctx: &ApplyContext,
-    lease: &mut LeasedBatch,
+async fn run_lane_alone<S: WorkStore>(
+    ctx: &ApplyContext<S>,
+    lease: &mut LeasedBatch<S>,
     lane: Lane,
 ) -> Result<BatchOutcome, ApplyBatchError> {
     let mut round = 0u64;
@@ -255,9 +258,9 @@ async fn run_lane_alone(
 
 /// The optimistic pass, then careful passes until every lane is settled. Lanes whose event took
 /// a transaction down are settled on their own and the careful pass runs again without them.
-async fn run_lanes(
-    ctx: &ApplyContext,
-    lease: &mut LeasedBatch,
+async fn run_lanes<S: WorkStore>(
+    ctx: &ApplyContext<S>,
+    lease: &mut LeasedBatch<S>,
     mut lanes: Vec<Lane>,
 ) -> Result<BatchOutcome, Abort> {
     if let Some(fast) = apply_fast(ctx, lease, &lanes).await? {
@@ -297,9 +300,9 @@ async fn run_lanes(
 }
 
 /// Charges the event at `at` of `lane` on its own statement and gives back the rows behind it.
-async fn settle_poisoned(
-    ctx: &ApplyContext,
-    lease: &mut LeasedBatch,
+async fn settle_poisoned<S: WorkStore>(
+    ctx: &ApplyContext<S>,
+    lease: &mut LeasedBatch<S>,
     lane: &Lane,
     at: usize,
     error: &str,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::inflight::{InFlight, LaneKey, Reservation};
 use super::lease::give_back_unworked;
-use crate::store::{InstanceId, Store, StoreError, WorkRow};
+use crate::store::{InstanceId, StoreError, WorkRow, WorkStore};
 use crate::telemetry::metrics as m;
 
 /// How much one claim takes.
@@ -37,8 +37,8 @@ pub struct ClaimedBatch {
 /// that is due again) or whose lease lapsed under it: the first are given back at once with a
 /// refund (that loop will not fetch them again, and a kept lease would stall the lane until it
 /// expires); the second are left to the loop working on them.
-pub async fn claim_batch(
-    store: &Store,
+pub async fn claim_batch<S: WorkStore>(
+    store: &S,
     instance: InstanceId,
     perspectives: &[String],
     limits: &ClaimLimits,
@@ -51,7 +51,7 @@ pub async fn claim_batch(
             limits.lease,
             limits.max_streams,
             limits.batch_size,
-            Some(perspectives),
+            perspectives,
         )
         .await?;
 

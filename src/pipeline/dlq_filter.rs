@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use uuid::Uuid;
 
 use super::lease::LeasedBatch;
-use crate::store::{MoveOutcome, StoreError, WorkRow, FAILURE_MAX_ATTEMPTS};
+use crate::store::{MoveOutcome, StoreError, WorkRow, WorkStore, FAILURE_MAX_ATTEMPTS};
 use crate::telemetry::metrics as m;
 
 /// Where dead letters go. The lease handle ([`LeasedBatch`]) is the one real implementation (it
@@ -41,7 +41,7 @@ pub trait DeadLetterSink: Send {
 }
 
 #[async_trait]
-impl DeadLetterSink for LeasedBatch {
+impl<S: WorkStore> DeadLetterSink for LeasedBatch<S> {
     async fn move_to_dead_letters(
         &mut self,
         work_id: Uuid,

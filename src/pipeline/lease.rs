@@ -13,14 +13,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::inflight::Reservation;
 use crate::store::{
-    apply_statements_and_complete_in, complete_in, move_many_to_dead_letters_in,
-    move_to_dead_letters_in, record_failure_in, release_started_in, release_unstarted_in,
-    InstanceId, MoveOutcome, StatementBatch, Store, StoreError, WorkRow,
+    InstanceId, MoveOutcome, StatementBatch, StoreError, WorkRow, WorkStore, WorkTx,
 };
 use crate::telemetry::metrics as m;
 
@@ -88,18 +85,18 @@ impl Staged {
 
 /// The rows one claim leased to us, and the only way to change them.
 #[derive(Debug)]
-pub struct LeasedBatch {
-    store: Store,
+pub struct LeasedBatch<S: WorkStore> {
+    store: S,
     instance: InstanceId,
     max_attempts: Option<u32>,
     held: HashMap<Uuid, Held>,
     reservation: Reservation,
 }
 
-impl LeasedBatch {
+impl<S: WorkStore> LeasedBatch<S> {
     /// Takes ownership of `rows` (leased to `instance`), tracked for renewal by `reservation`.
     pub fn new(
-        store: Store,
+        store: S,
         instance: InstanceId,
         max_attempts: Option<u32>,
         rows: &[WorkRow],
@@ -159,9 +156,10 @@ impl LeasedBatch {
         reason: &str,
         error: &str,
     ) -> Result<MoveOutcome, StoreError> {
-        let outcome =
-            move_to_dead_letters_in(self.store.pool(), id, reason, error, Some(self.instance))
-                .await?;
+        let outcome = self
+            .store
+            .move_to_dead_letters(self.instance, id, reason, error)
+            .await?;
         match outcome {
             MoveOutcome::Moved(dead_letter_id) => {
                 if let Some(h) = self.forget(&id) {
@@ -183,11 +181,12 @@ impl LeasedBatch {
         moves: &[(Uuid, String)],
         reason: &str,
     ) -> Result<Vec<MoveOutcome>, StoreError> {
-        let moved: std::collections::HashMap<Uuid, Uuid> =
-            move_many_to_dead_letters_in(self.store.pool(), self.instance, moves, reason)
-                .await?
-                .into_iter()
-                .collect();
+        let moved: std::collections::HashMap<Uuid, Uuid> = self
+            .store
+            .move_many_to_dead_letters(self.instance, moves, reason)
+            .await?
+            .into_iter()
+            .collect();
         let mut outcomes = Vec::with_capacity(moves.len());
         for (id, error) in moves {
             let held = self.forget(id);
@@ -211,8 +210,10 @@ impl LeasedBatch {
         error: &str,
         retry_in: Duration,
     ) -> Result<bool, StoreError> {
-        let recorded =
-            record_failure_in(self.store.pool(), self.instance, id, error, retry_in).await?;
+        let recorded = self
+            .store
+            .record_failure(self.instance, id, error, retry_in)
+            .await?;
         if let Some(h) = self.forget(&id) {
             if recorded {
                 log_failure(&h, error, retry_in);
@@ -239,7 +240,10 @@ impl LeasedBatch {
             .partition(|id| self.held[id].started);
         let mut released = 0;
         if !unstarted.is_empty() {
-            released += release_unstarted_in(self.store.pool(), self.instance, &unstarted).await?;
+            released += self
+                .store
+                .release_unstarted(self.instance, &unstarted)
+                .await?;
         }
         if !started.is_empty() {
             released += self.store.release_started(self.instance, &started).await?;
@@ -269,11 +273,11 @@ impl LeasedBatch {
     /// lost): the transaction must then be rolled back.
     pub async fn complete_in(
         &self,
-        tx: &mut PgConnection,
+        tx: &mut S::Tx,
         staged: &mut Staged,
         ids: &[Uuid],
     ) -> Result<bool, StoreError> {
-        let n = complete_in(tx, self.instance, ids).await?;
+        let n = tx.complete(self.instance, ids).await?;
         staged.completed.extend_from_slice(ids);
         Ok(n as usize == ids.len())
     }
@@ -283,12 +287,14 @@ impl LeasedBatch {
     /// error of any statement is an error.
     pub async fn apply_and_complete_in(
         &self,
-        tx: &mut PgConnection,
+        tx: &mut S::Tx,
         staged: &mut Staged,
         statements: &StatementBatch<'_>,
         ids: &[Uuid],
     ) -> Result<bool, StoreError> {
-        let n = apply_statements_and_complete_in(tx, statements, self.instance, ids).await?;
+        let n = tx
+            .apply_statements_and_complete(statements, self.instance, ids)
+            .await?;
         staged.completed.extend_from_slice(ids);
         Ok(n as usize == ids.len())
     }
@@ -296,13 +302,16 @@ impl LeasedBatch {
     /// Records a failure inside `tx` (charged; parked for `retry_in`).
     pub async fn fail_in(
         &self,
-        tx: &mut PgConnection,
+        tx: &mut S::Tx,
         staged: &mut Staged,
         id: Uuid,
         error: &str,
         retry_in: Duration,
     ) -> Result<(), StoreError> {
-        if record_failure_in(&mut *tx, self.instance, id, error, retry_in).await? {
+        if tx
+            .record_failure(self.instance, id, error, retry_in)
+            .await?
+        {
             staged.failed.push(StagedFailure {
                 id,
                 error: error.to_string(),
@@ -315,14 +324,15 @@ impl LeasedBatch {
     /// Moves a row to the dead letters inside `tx`.
     pub async fn dead_letter_in(
         &self,
-        tx: &mut PgConnection,
+        tx: &mut S::Tx,
         staged: &mut Staged,
         id: Uuid,
         reason: &str,
         error: &str,
     ) -> Result<(), StoreError> {
-        if let MoveOutcome::Moved(dead_letter_id) =
-            move_to_dead_letters_in(&mut *tx, id, reason, error, Some(self.instance)).await?
+        if let MoveOutcome::Moved(dead_letter_id) = tx
+            .move_to_dead_letters(self.instance, id, reason, error)
+            .await?
         {
             staged.moved.push(StagedMove {
                 id,
@@ -338,7 +348,7 @@ impl LeasedBatch {
     /// with a refund of their claim's bump, the others without.
     pub async fn release_in(
         &self,
-        tx: &mut PgConnection,
+        tx: &mut S::Tx,
         staged: &mut Staged,
         ids: &[Uuid],
     ) -> Result<(), StoreError> {
@@ -347,8 +357,8 @@ impl LeasedBatch {
             .copied()
             .filter(|id| self.held.contains_key(id))
             .partition(|id| self.held[id].started);
-        let mut n = release_unstarted_in(&mut *tx, self.instance, &unstarted).await?;
-        n += release_started_in(&mut *tx, self.instance, &started).await?;
+        let mut n = tx.release_unstarted(self.instance, &unstarted).await?;
+        n += tx.release_started(self.instance, &started).await?;
         // Rows no longer ours are not ours to report; which ones is not worth a round trip.
         staged
             .released
@@ -472,15 +482,15 @@ fn log_dead_letter(
 
 /// Gives back rows a claim leased that no batch will work on (their lane is reserved by another
 /// loop of ours): unstarted, with a refund of their claim's bump.
-pub async fn give_back_unworked(
-    store: &Store,
+pub async fn give_back_unworked<S: WorkStore>(
+    store: &S,
     instance: InstanceId,
     ids: &[Uuid],
 ) -> Result<u64, StoreError> {
     if ids.is_empty() {
         return Ok(0);
     }
-    let released = release_unstarted_in(store.pool(), instance, ids).await?;
+    let released = store.release_unstarted(instance, ids).await?;
     count_released(released);
     Ok(released)
 }

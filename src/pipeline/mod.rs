@@ -29,7 +29,7 @@ use self::inflight::InFlight;
 use self::lease::LeasedBatch;
 use crate::config::WorkerSettings;
 use crate::perspective::PerspectiveRegistry;
-use crate::store::{InstanceId, MoveOutcome, Store, StoreError, FAILURE_PERMANENT};
+use crate::store::{InstanceId, MoveOutcome, Store, StoreError, WorkStore, FAILURE_PERMANENT};
 
 /// What one pass of the pipeline did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -69,11 +69,12 @@ impl DrainError {
     }
 }
 
-/// One consumer loop's view of the pipeline (cheap to clone: everything is shared).
+/// One consumer loop's view of the pipeline (cheap to clone: everything is shared), over a
+/// store: [`Store`] (PostgreSQL, the default) or [`MemoryStore`](crate::store::MemoryStore).
 #[derive(Clone)]
-pub struct Pipeline {
+pub struct Pipeline<S: WorkStore = Store> {
     /// Apply stage context (store, instance, handlers, cooldown, backoff).
-    pub ctx: ApplyContext,
+    pub ctx: ApplyContext<S>,
     /// Claim limits.
     pub limits: ClaimLimits,
     /// Perspective names we have handlers for (claims take only their rows).
@@ -84,18 +85,19 @@ pub struct Pipeline {
     pub dead_letters_enabled: bool,
 }
 
-impl Pipeline {
+impl<S: WorkStore> Pipeline<S> {
     /// The pipeline of one daemon: `registry`'s handlers, claims and retries as `worker` says,
     /// a fresh [`InFlight`] shared by every clone (one per process).
     pub fn new(
-        store: Store,
+        store: S,
         instance: InstanceId,
         registry: PerspectiveRegistry,
         cooldown: Option<Arc<cooldown::CooldownCache>>,
         worker: &WorkerSettings,
-    ) -> Pipeline {
+    ) -> Pipeline<S> {
         let inflight = InFlight::new();
         let perspectives = registry.names();
+        let dead_letters_enabled = store.has_dead_letters();
         Pipeline {
             ctx: ApplyContext {
                 store,
@@ -116,7 +118,7 @@ impl Pipeline {
             },
             perspectives,
             inflight,
-            dead_letters_enabled: true,
+            dead_letters_enabled,
         }
     }
 

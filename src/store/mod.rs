@@ -12,9 +12,11 @@ mod dead_letters;
 pub mod dry_run;
 mod events;
 mod instances;
+mod memory;
 mod operator;
 mod status;
 mod triage;
+mod work;
 
 pub use apply::{apply_statements_and_complete_in, StatementBatch, StatementParams};
 pub use claims::{
@@ -33,8 +35,10 @@ pub use events::{
     AppendedEvent, NewEvent, PerspectiveRecord, StoredEvent,
 };
 pub use instances::{InstanceInfo, LiveInstance};
+pub use memory::{MemoryStore, MemoryTx, MemoryWork};
 pub use status::{PerspectiveStatus, StoreGauges};
 pub use triage::{BlockedLane, BlockedTotals, ErrorGroup, PauseState, QUARANTINE_BY};
+pub use work::{PgWorkTx, WorkStore, WorkTx};
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -135,6 +139,9 @@ pub enum StoreError {
     /// Any other database error.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// The store cannot do this (the memory store has no dead letters and runs no SQL).
+    #[error("not supported by this store: {0}")]
+    Unsupported(String),
 }
 
 impl StoreError {

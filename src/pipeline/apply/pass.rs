@@ -5,14 +5,15 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use sqlx::Acquire;
 use uuid::Uuid;
 
 use super::{ApplyBatchError, ApplyContext, BatchOutcome, Lane};
-use crate::perspective::{ApplyError, EventEnvelope, Perspective};
+use crate::perspective::{ApplyError, ApplyTx, EventEnvelope, Perspective};
 use crate::pipeline::backoff::retry_delay;
 use crate::pipeline::lease::{LeasedBatch, Staged};
-use crate::store::{StatementBatch, StatementParams, Store, StoreError, FAILURE_PERMANENT};
+use crate::store::{
+    StatementBatch, StatementParams, StoreError, WorkStore, WorkTx, FAILURE_PERMANENT,
+};
 use crate::telemetry::metrics as m;
 
 /// How long we ask the database whether it is there before calling it unavailable.
@@ -38,21 +39,32 @@ impl Tally {
 
 /// Marks made during one transaction, to forget again if it does not commit.
 #[derive(Default)]
-struct Marks(Vec<Uuid>);
+struct Marks {
+    ids: Vec<Uuid>,
+    /// The transaction is a database's (effects through it roll back with it). Without one
+    /// (the memory store), every effect is outside any transaction, so a mark is always kept:
+    /// an event applied in a pass that then rolls back is completed, not applied again.
+    transactional: bool,
+}
 
 impl Marks {
-    fn mark(&mut self, ctx: &ApplyContext, perspective: &dyn Perspective, id: Uuid) {
+    fn mark<S: WorkStore>(
+        &mut self,
+        ctx: &ApplyContext<S>,
+        perspective: &dyn Perspective,
+        id: Uuid,
+    ) {
         if let Some(cache) = &ctx.cooldown {
             cache.mark(id);
-            if perspective.effects_in_transaction() {
-                self.0.push(id);
+            if self.transactional && perspective.effects_in_transaction() {
+                self.ids.push(id);
             }
         }
     }
 
-    fn forget(self, ctx: &ApplyContext) {
+    fn forget<S: WorkStore>(self, ctx: &ApplyContext<S>) {
         if let Some(cache) = &ctx.cooldown {
-            for id in self.0 {
+            for id in self.ids {
                 cache.forget(id);
             }
         }
@@ -60,7 +72,6 @@ impl Marks {
 }
 
 /// The bookkeeping of one pass over some lanes (one transaction).
-#[derive(Default)]
 struct Pass {
     marks: Marks,
     tally: Tally,
@@ -72,6 +83,19 @@ struct Pass {
 }
 
 impl Pass {
+    fn new(transactional: bool) -> Pass {
+        Pass {
+            marks: Marks {
+                ids: Vec::new(),
+                transactional,
+            },
+            tally: Tally::default(),
+            done: Vec::new(),
+            staged: Staged::default(),
+            outcome: BatchOutcome::default(),
+        }
+    }
+
     /// A cooled row: completed without re-applying.
     fn cooled(&mut self, ev: &EventEnvelope) {
         *self
@@ -84,7 +108,12 @@ impl Pass {
     }
 
     /// A successful apply: cooled from now on, completed with the transaction.
-    fn applied(&mut self, ctx: &ApplyContext, perspective: &dyn Perspective, ev: &EventEnvelope) {
+    fn applied<S: WorkStore>(
+        &mut self,
+        ctx: &ApplyContext<S>,
+        perspective: &dyn Perspective,
+        ev: &EventEnvelope,
+    ) {
         self.marks.mark(ctx, perspective, ev.event_work_id);
         *self
             .tally
@@ -128,7 +157,7 @@ impl From<sqlx::Error> for Abort {
     }
 }
 
-fn is_cooled(ctx: &ApplyContext, id: Uuid) -> bool {
+fn is_cooled<S: WorkStore>(ctx: &ApplyContext<S>, id: Uuid) -> bool {
     ctx.cooldown.as_ref().is_some_and(|c| c.is_cooled(id))
 }
 
@@ -139,17 +168,21 @@ enum Applied {
     TimedOut,
 }
 
-async fn timed_apply(
-    ctx: &ApplyContext,
+async fn timed_apply<S: WorkStore>(
+    ctx: &ApplyContext<S>,
     perspective: &dyn Perspective,
     ev: &EventEnvelope,
-    conn: &mut sqlx::PgConnection,
+    tx: &mut S::Tx,
 ) -> Applied {
     let started = Instant::now();
     // A little later than the statement_timeout of SQL perspectives, so their statements end
     // cleanly on the server (a savepoint can roll back) before the transaction is given up.
     let deadline = ctx.apply_timeout + Duration::from_millis(250);
-    let result = tokio::time::timeout(deadline, perspective.apply(ev, conn)).await;
+    let mut apply_tx = match tx.connection() {
+        Some(conn) => ApplyTx::postgres(conn),
+        None => ApplyTx::none(),
+    };
+    let result = tokio::time::timeout(deadline, perspective.apply(ev, &mut apply_tx)).await;
     metrics::histogram!(m::APPLY_DURATION_SECONDS, m::LABEL_PERSPECTIVE => ev.perspective_name.clone())
         .record(started.elapsed().as_secs_f64());
     match result {
@@ -160,7 +193,7 @@ async fn timed_apply(
 }
 
 /// Whether the database answers at all (on any connection of the pool, within a moment).
-async fn database_answers(store: &Store) -> bool {
+async fn database_answers<S: WorkStore>(store: &S) -> bool {
     matches!(
         tokio::time::timeout(HEALTH_PROBE, store.ping()).await,
         Ok(Ok(()))
@@ -168,29 +201,30 @@ async fn database_answers(store: &Store) -> bool {
 }
 
 /// A batch transaction and its server process, listed for shutdown while it runs.
-struct BatchTx {
-    tx: sqlx::Transaction<'static, sqlx::Postgres>,
-    guard: crate::pipeline::inflight::BackendGuard,
+struct BatchTx<S: WorkStore> {
+    tx: S::Tx,
+    guard: Option<crate::pipeline::inflight::BackendGuard>,
 }
 
-impl BatchTx {
-    async fn begin(ctx: &ApplyContext) -> Result<BatchTx, StoreError> {
-        let (tx, pid) = ctx.store.begin_batch(ctx.apply_timeout).await?;
-        Ok(BatchTx {
-            tx,
-            guard: ctx.inflight.register_backend(pid),
-        })
+impl<S: WorkStore> BatchTx<S> {
+    async fn begin(ctx: &ApplyContext<S>) -> Result<BatchTx<S>, StoreError> {
+        let tx = ctx.store.begin_batch(ctx.apply_timeout).await?;
+        let guard = tx.backend().map(|pid| ctx.inflight.register_backend(pid));
+        Ok(BatchTx { tx, guard })
     }
 
     /// Gives the transaction up while its connection may still be running a statement: cancel
     /// that statement on the server (so the rollback does not wait for it and its locks go),
     /// then drop the transaction, which rolls it back.
-    async fn abandon(self, store: &Store) {
-        let pid = self.guard.pid();
-        match tokio::time::timeout(HEALTH_PROBE, store.cancel_backend(pid)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(error)) => tracing::debug!(%error, pid, "could not cancel a batch statement"),
-            Err(_) => tracing::debug!(pid, "cancelling a batch statement got no answer"),
+    async fn abandon(self, store: &S) {
+        if let Some(pid) = self.guard.as_ref().map(|g| g.pid()) {
+            match tokio::time::timeout(HEALTH_PROBE, store.cancel_backend(pid)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, pid, "could not cancel a batch statement")
+                }
+                Err(_) => tracing::debug!(pid, "cancelling a batch statement got no answer"),
+            }
         }
         drop(self.tx);
     }
@@ -210,7 +244,7 @@ enum Verdict {
     Unavailable(String),
 }
 
-async fn judge(ctx: &ApplyContext, failure: Applied) -> Verdict {
+async fn judge<S: WorkStore>(ctx: &ApplyContext<S>, failure: Applied) -> Verdict {
     match failure {
         Applied::Done => unreachable!("judge is only called for failures"),
         Applied::TimedOut => Verdict::Poisoned(format!(
@@ -218,6 +252,10 @@ async fn judge(ctx: &ApplyContext, failure: Applied) -> Verdict {
             humantime::format_duration(ctx.apply_timeout)
         )),
         Applied::Failed(ApplyError::Retryable(m)) => Verdict::Charge(m),
+        // Without a dead-letter store (the memory store) the row stays and is retried.
+        Applied::Failed(ApplyError::Permanent(m)) if !ctx.store.has_dead_letters() => {
+            Verdict::Charge(m)
+        }
         Applied::Failed(ApplyError::Permanent(m)) => Verdict::Permanent(m),
         Applied::Failed(ApplyError::Conflict(m)) => Verdict::Conflict(m),
         Applied::Failed(ApplyError::Unavailable(m)) => {
@@ -234,22 +272,23 @@ async fn judge(ctx: &ApplyContext, failure: Applied) -> Verdict {
 
 /// Every event in one transaction, no savepoints. `None` = a handler failed (rolled back; the
 /// careful pass sorts the batch out).
-pub(super) async fn apply_fast(
-    ctx: &ApplyContext,
-    lease: &mut LeasedBatch,
+pub(super) async fn apply_fast<S: WorkStore>(
+    ctx: &ApplyContext<S>,
+    lease: &mut LeasedBatch<S>,
     lanes: &[Lane],
 ) -> Result<Option<BatchOutcome>, Abort> {
     let mut btx = BatchTx::begin(ctx).await?;
-    let mut pass = Pass::default();
+    let mut pass = Pass::new(btx.tx.has_database());
     // Lanes of SQL perspectives are applied set-wise: their statements go to the database in
     // one round trip, after the other lanes (lanes are independent; each keeps its order).
     let mut statements = StatementBatch::default();
     let mut batched: Vec<(&Lane, &EventEnvelope)> = Vec::new();
     for lane in lanes {
-        let set_wise = lane
-            .events
-            .iter()
-            .all(|e| lane.perspective.batch_statement(&e.event_type).is_some());
+        let set_wise = btx.tx.has_database()
+            && lane
+                .events
+                .iter()
+                .all(|e| lane.perspective.batch_statement(&e.event_type).is_some());
         for (i, ev) in lane.events.iter().enumerate() {
             if is_cooled(ctx, ev.event_work_id) {
                 pass.cooled(ev);
@@ -349,10 +388,10 @@ fn params(ev: &EventEnvelope) -> StatementParams<'_> {
 /// Completes the pass's rows in the transaction (unless `completed` says the apply call did,
 /// and whether they were all still ours) and commits, then reports its changes. A lost lease
 /// rolls everything back; what the pass decided is then redone on its own statements.
-async fn finish(
-    ctx: &ApplyContext,
-    lease: &mut LeasedBatch,
-    mut btx: BatchTx,
+async fn finish<S: WorkStore>(
+    ctx: &ApplyContext<S>,
+    lease: &mut LeasedBatch<S>,
+    mut btx: BatchTx<S>,
     pass: Pass,
     lanes: &[Lane],
     completed: Option<bool>,
@@ -395,7 +434,7 @@ async fn finish(
     }
     if let Err(e) = btx.tx.commit().await {
         marks.forget(ctx);
-        return Err(conflict_or_batch(StoreError::Database(e)));
+        return Err(conflict_or_batch(e));
     }
     lease.committed(staged);
     tally.publish();
@@ -422,30 +461,27 @@ fn conflict_or_batch(e: StoreError) -> Abort {
 }
 
 /// One savepoint per event: charge only failing rows, dead-letter permanent failures.
-pub(super) async fn apply_careful(
-    ctx: &ApplyContext,
-    lease: &mut LeasedBatch,
+pub(super) async fn apply_careful<S: WorkStore>(
+    ctx: &ApplyContext<S>,
+    lease: &mut LeasedBatch<S>,
     lanes: &[Lane],
 ) -> Result<BatchOutcome, Abort> {
     let mut btx = BatchTx::begin(ctx).await?;
-    let mut pass = Pass::default();
+    let mut pass = Pass::new(btx.tx.has_database());
     for (li, lane) in lanes.iter().enumerate() {
         for (i, ev) in lane.events.iter().enumerate() {
             if is_cooled(ctx, ev.event_work_id) {
                 pass.cooled(ev);
                 continue;
             }
-            let mut savepoint = match btx.tx.begin().await {
-                Ok(sp) => sp,
-                Err(e) => {
-                    pass.marks.forget(ctx);
-                    return Err(e.into());
-                }
-            };
+            if let Err(e) = btx.tx.savepoint().await {
+                pass.marks.forget(ctx);
+                return Err(e.into());
+            }
             lease.mark_started(ev.event_work_id);
-            let result = timed_apply(ctx, lane.perspective.as_ref(), ev, &mut savepoint).await;
+            let result = timed_apply(ctx, lane.perspective.as_ref(), ev, &mut btx.tx).await;
             let failure = match result {
-                Applied::Done => match savepoint.commit().await {
+                Applied::Done => match btx.tx.release_savepoint().await {
                     Ok(()) => {
                         pass.applied(ctx, lane.perspective.as_ref(), ev);
                         continue;
@@ -457,7 +493,6 @@ pub(super) async fn apply_careful(
                 },
                 Applied::TimedOut => {
                     // The connection may still be running the handler's statement.
-                    drop(savepoint);
                     pass.marks.forget(ctx);
                     btx.abandon(&ctx.store).await;
                     let Verdict::Poisoned(error) = judge(ctx, Applied::TimedOut).await else {
@@ -471,7 +506,7 @@ pub(super) async fn apply_careful(
                 }
                 failed => failed,
             };
-            let rolled_back = savepoint.rollback().await.is_ok();
+            let rolled_back = btx.tx.rollback_to_savepoint().await.is_ok();
             let verdict = match judge(ctx, failure).await {
                 // A statement that left the transaction usable is charged in it.
                 Verdict::Poisoned(m) if rolled_back => Verdict::Charge(m),
