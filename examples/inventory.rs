@@ -5,15 +5,17 @@
 //! ```sh
 //! cargo run --example inventory -- --demo   # sample events, the read model, a dead letter; exits
 //! cargo run --example inventory             # the daemon: serves until SIGTERM/Ctrl-C
-//! cargo test --example inventory            # the unit tests below, no PostgreSQL needed
+//! cargo test --example inventory            # the unit tests below, on the memory store: no PostgreSQL
 //! ```
 //!
 //! Without `DATABASE_URL` it starts a throwaway local PostgreSQL (removed on exit); with it,
 //! it uses that database. The rest of the configuration is vantage's own: `VANTAGE__…`
 //! variables and `config/vantage.toml` if present.
 
+use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -86,11 +88,62 @@ impl<'a> StockChange<'a> {
     }
 }
 
+impl StockChange<'_> {
+    /// The change, applied to levels kept in memory.
+    fn add_to(&self, levels: &mut BTreeMap<(String, String), Level>) {
+        let level = levels
+            .entry((self.sku.to_string(), self.warehouse.to_string()))
+            .or_default();
+        level.on_hand += self.on_hand;
+        level.received += self.received;
+        level.shipped += self.shipped;
+    }
+}
+
+/// One row of the read model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Level {
+    on_hand: i64,
+    received: i64,
+    shipped: i64,
+}
+
+/// Levels kept in memory, by (sku, warehouse).
+type MemoryLevels = Arc<Mutex<BTreeMap<(String, String), Level>>>;
+
+/// Where the levels are written: `inventory.levels` in the daemon's transaction (production),
+/// or a map (unit tests on vantage's memory store, which has no database).
+enum Levels {
+    Postgres,
+    Memory(MemoryLevels),
+}
+
 // ---- the perspective: the change, written in the daemon's transaction ----------------------
 
 /// The read model: `inventory.levels`, one row per (sku, warehouse). `on_hand` may go below
 /// zero: events are facts, and a shipment recorded before its delivery is still a shipment.
-struct InventoryLevels;
+struct InventoryLevels {
+    levels: Levels,
+}
+
+impl InventoryLevels {
+    /// Writes to `inventory.levels`, in the transaction that completes each event.
+    fn postgres() -> Self {
+        InventoryLevels {
+            levels: Levels::Postgres,
+        }
+    }
+
+    /// Writes to a map (returned, to look at): for tests on the memory store.
+    #[cfg_attr(not(test), allow(dead_code))]
+    fn in_memory() -> (Self, MemoryLevels) {
+        let levels = MemoryLevels::default();
+        let perspective = InventoryLevels {
+            levels: Levels::Memory(Arc::clone(&levels)),
+        };
+        (perspective, levels)
+    }
+}
 
 #[async_trait]
 impl TypedPerspective for InventoryLevels {
@@ -110,27 +163,36 @@ impl TypedPerspective for InventoryLevels {
         tx: &mut ApplyTx<'_>,
     ) -> Result<(), ApplyError> {
         let change = StockChange::of(&event.data);
-        // Runs in the transaction that also completes the event's work row: exactly once.
-        sqlx::query(
-            "INSERT INTO inventory.levels (sku, warehouse, on_hand, received, shipped) \
-             VALUES ($1, $2, $3, $4, $5) \
-             ON CONFLICT (sku, warehouse) DO UPDATE SET \
-               on_hand = levels.on_hand + EXCLUDED.on_hand, \
-               received = levels.received + EXCLUDED.received, \
-               shipped = levels.shipped + EXCLUDED.shipped",
-        )
-        .bind(change.sku)
-        .bind(change.warehouse)
-        .bind(change.on_hand)
-        .bind(change.received)
-        .bind(change.shipped)
-        .execute(tx.connection()?)
-        .await
-        .map_err(ApplyError::from_sqlx)?;
+        match &self.levels {
+            Levels::Memory(levels) => change.add_to(&mut levels.lock().expect("levels lock")),
+            // Runs in the transaction that also completes the event's work row: exactly once.
+            Levels::Postgres => {
+                sqlx::query(
+                    "INSERT INTO inventory.levels (sku, warehouse, on_hand, received, shipped) \
+                     VALUES ($1, $2, $3, $4, $5) \
+                     ON CONFLICT (sku, warehouse) DO UPDATE SET \
+                       on_hand = levels.on_hand + EXCLUDED.on_hand, \
+                       received = levels.received + EXCLUDED.received, \
+                       shipped = levels.shipped + EXCLUDED.shipped",
+                )
+                .bind(change.sku)
+                .bind(change.warehouse)
+                .bind(change.on_hand)
+                .bind(change.received)
+                .bind(change.shipped)
+                .execute(tx.connection()?)
+                .await
+                .map_err(ApplyError::from_sqlx)?;
+            }
+        }
         Ok(())
     }
 
     async fn reset(&self, tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
+        if let Levels::Memory(levels) = &self.levels {
+            levels.lock().expect("levels lock").clear();
+            return Ok(());
+        }
         sqlx::query("TRUNCATE inventory.levels")
             .execute(tx.connection()?)
             .await
@@ -161,7 +223,7 @@ async fn serve(options: LoadOptions) -> i32 {
     };
     let started = DaemonBuilder::new(settings)
         .shutdown_on(stop)
-        .perspective(Typed(InventoryLevels))
+        .perspective(Typed(InventoryLevels::postgres()))
         .start()
         .await;
     let result = match started {
@@ -235,7 +297,7 @@ async fn demo(options: LoadOptions) -> anyhow::Result<()> {
     let daemon = DaemonBuilder::new(settings)
         .store(store.clone())
         .without_http()
-        .perspective(Typed(InventoryLevels))
+        .perspective(Typed(InventoryLevels::postgres()))
         .start()
         .await?;
 
@@ -296,13 +358,119 @@ async fn demo(options: LoadOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-// ---- unit tests: the payloads and the pure logic, no PostgreSQL --------------------------------
+// ---- unit tests: the payloads, the logic, and the perspective on the memory store ---------------
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
     use vantage::perspective::{decode_event, NO_TRANSACTION};
+    use vantage::testkit::TestKit;
+
+    fn kit() -> (TestKit, MemoryLevels) {
+        let (perspective, levels) = InventoryLevels::in_memory();
+        (TestKit::new(Typed(perspective)), levels)
+    }
+
+    fn level(levels: &MemoryLevels, sku: &str, warehouse: &str) -> Level {
+        levels.lock().unwrap()[&(sku.to_string(), warehouse.to_string())]
+    }
+
+    #[tokio::test]
+    async fn levels_follow_receipts_and_shipments() {
+        let (kit, levels) = kit();
+        let stream = uuid::Uuid::new_v4();
+        let data = |q: u32| json!({"sku": "A-1", "warehouse": "north", "quantity": q});
+        kit.append(stream, "ItemReceived", data(10));
+        kit.append(stream, "ItemShipped", data(3));
+        kit.append(
+            uuid::Uuid::new_v4(),
+            "ItemShipped",
+            json!({"sku": "B-2", "warehouse": "south", "quantity": 2}),
+        );
+        let report = kit.drain().await.unwrap();
+        assert_eq!(report.applied, 3);
+        assert_eq!(
+            level(&levels, "A-1", "north"),
+            Level {
+                on_hand: 7,
+                received: 10,
+                shipped: 3
+            }
+        );
+        assert_eq!(level(&levels, "B-2", "south").on_hand, -2);
+        assert!(kit.work().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_failed_apply_is_retried_after_its_backoff_and_its_stream_waits() {
+        let (kit, levels) = kit();
+        let stream = uuid::Uuid::new_v4();
+        let data = |q: u32| json!({"sku": "A-1", "warehouse": "north", "quantity": q});
+        let first = kit.append(stream, "ItemReceived", data(10));
+        kit.append(stream, "ItemShipped", data(3));
+        kit.fail(
+            first.global_position,
+            ApplyError::Retryable("warehouse system down".into()),
+            1,
+        );
+
+        kit.drain().await.unwrap();
+        assert!(
+            levels.lock().unwrap().is_empty(),
+            "the shipment waits behind the receipt"
+        );
+        let work = kit.work();
+        assert_eq!(
+            (work[0].failures, work[0].last_error.as_deref()),
+            (1, Some("warehouse system down"))
+        );
+
+        kit.run_for(Duration::from_secs(60)).await.unwrap();
+        assert_eq!(level(&levels, "A-1", "north").on_hand, 7);
+        let applied: Vec<i32> = kit.applied().iter().map(|a| a.attempts).collect();
+        assert_eq!(
+            applied,
+            vec![2, 1],
+            "the receipt on its second claim, then the shipment"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_payload_that_does_not_deserialize_fails_permanently_with_serdes_error() {
+        let (kit, levels) = kit();
+        let stream = uuid::Uuid::new_v4();
+        kit.append(
+            stream,
+            "ItemReceived",
+            json!({"sku": "A-1", "warehouse": "north", "quantity": 0}),
+        );
+        kit.drain().await.unwrap();
+        assert!(levels.lock().unwrap().is_empty());
+        // On PostgreSQL it is dead-lettered at once (PermanentFailure); the memory store has no
+        // dead letters, so the row stays, charged, with the error.
+        let work = kit.work();
+        assert_eq!(work[0].failures, 1);
+        assert_eq!(
+            work[0].last_error.as_deref(),
+            Some(
+                "payload of ItemReceived does not deserialize: quantity: \
+                  invalid value: integer `0`, expected a nonzero u32"
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn the_postgres_perspective_in_memory_fails_clearly_instead_of_writing_elsewhere() {
+        let kit = TestKit::new(Typed(InventoryLevels::postgres()));
+        kit.append(
+            uuid::Uuid::new_v4(),
+            "ItemReceived",
+            json!({"sku": "A-1", "warehouse": "north", "quantity": 1}),
+        );
+        kit.drain().await.unwrap();
+        assert_eq!(kit.work()[0].last_error.as_deref(), Some(NO_TRANSACTION));
+    }
 
     fn received(sku: &str, quantity: u32) -> InventoryEvent {
         InventoryEvent::ItemReceived {
@@ -387,7 +555,7 @@ mod tests {
             attempts: 1,
             failures: 0,
         };
-        let err = InventoryLevels
+        let err = InventoryLevels::postgres()
             .apply(&envelope, &mut ApplyTx::none())
             .await
             .unwrap_err();

@@ -159,7 +159,7 @@ impl Journal {
             f.global_position == event.global_position
                 && f.perspective
                     .as_deref()
-                    .is_none_or(|p| p == event.perspective_name)
+                    .map_or(true, |p| p == event.perspective_name)
                 && (f.failing == Some(event.attempts) || f.remaining > 0)
         })?;
         if fault.failing != Some(event.attempts) {

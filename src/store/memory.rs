@@ -343,10 +343,11 @@ impl State {
         if !self.instances.contains(&instance.0) || max_lanes == 0 || max_rows == 0 {
             return Vec::new();
         }
-        // Due lanes per perspective, oldest head first.
-        let mut due: BTreeMap<&str, Vec<(i64, (String, Uuid))>> = BTreeMap::new();
+        // Due lanes per perspective, oldest head first: (head's global position, lane).
+        type Lane = (String, Uuid);
+        let mut due: BTreeMap<String, Vec<(i64, Lane)>> = BTreeMap::new();
         for (lane, versions) in &self.lanes {
-            if !perspectives.iter().any(|p| *p == lane.0) {
+            if !perspectives.contains(&lane.0) {
                 continue;
             }
             let Some(head) = versions.values().next() else {
@@ -354,15 +355,9 @@ impl State {
             };
             let row = &self.rows[head];
             if self.claimable(row, now) {
-                due.entry(
-                    perspectives
-                        .iter()
-                        .find(|p| **p == lane.0)
-                        .map(String::as_str)
-                        .expect("filtered above"),
-                )
-                .or_default()
-                .push((row.global_position, lane.clone()));
+                due.entry(lane.0.clone())
+                    .or_default()
+                    .push((row.global_position, lane.clone()));
             }
         }
         for lanes in due.values_mut() {
@@ -370,7 +365,7 @@ impl State {
             lanes.reverse(); // popped from the back: oldest first
         }
         // Round-robin over perspectives: each gets its share, what one leaves goes to the next.
-        let mut chosen: Vec<(String, Uuid)> = Vec::new();
+        let mut chosen: Vec<Lane> = Vec::new();
         while chosen.len() < max_lanes as usize {
             let mut took = false;
             for lanes in due.values_mut() {
