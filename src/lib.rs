@@ -6,17 +6,20 @@
 //!
 //! The crate is laid out along the path of one event:
 //! - [`store`]: every SQL call (events, claims, dead letters, instances) and the migrations;
+//!   the storage seam of the pipeline ([`WorkStore`](store::WorkStore)), with PostgreSQL
+//!   ([`Store`](store::Store)) and in-memory ([`MemoryStore`](store::MemoryStore)) stores;
 //! - [`pipeline`]: the drain stages, claim → DLQ filter → envelope → cooldown → apply;
 //! - [`perspective`]: the [`Perspective`](perspective::Perspective) trait, typed Rust
 //!   perspectives ([`TypedPerspective`](perspective::TypedPerspective)), SQL perspectives from
 //!   configuration, the registry;
 //! - [`daemon`]: the runtime, background loops and graceful shutdown;
 //! - [`telemetry`]: metric names, logging, the small HTTP surface;
-//! - [`dlq`]: the operator's actions on dead letters, shared by the CLI and the console;
+//! - `dlq`: the operator's actions on dead letters, shared by the CLI and the console;
 //! - [`cli`]: the operator commands;
-//! - [`console`]: the operator console in a browser;
+//! - `console`: the operator console in a browser;
 //! - [`config`]: settings, defaults < file < environment < flags;
-//! - [`throwaway`]: a disposable local PostgreSQL for the demo and the tests.
+//! - [`throwaway`]: a disposable local PostgreSQL for the demo and the tests;
+//! - [`testkit`]: perspectives driven by hand on the in-memory store, for unit tests.
 //!
 //! ## As a library
 //!
@@ -24,7 +27,8 @@
 //! [`TypedPerspective`](perspective::TypedPerspective) (payloads deserialized with serde; one
 //! that does not deserialize is dead-lettered at once) and add it to
 //! [`DaemonBuilder`](daemon::DaemonBuilder) as [`Typed`](perspective::Typed)`(…)`. The
-//! README's "Build your own daemon binary" walks through `examples/inventory.rs`.
+//! README's "Build your own daemon binary" walks through `examples/inventory.rs`. Test it
+//! without PostgreSQL on the [`testkit`].
 //!
 //! ```no_run
 //! # use async_trait::async_trait;
@@ -54,12 +58,28 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! ## What is API
+//!
+//! For a library user, and under semver from 1.0: [`perspective`] (the traits, envelopes,
+//! [`ApplyTx`](perspective::ApplyTx), errors), [`daemon`] ([`DaemonBuilder`](daemon::DaemonBuilder)
+//! and the handle it starts), [`config`] (`Settings`, `LoadOptions` and the sections),
+//! [`testkit`], and from [`store`]: `Store`, `StoreOptions`, `NewEvent`, `AppendedEvent`,
+//! `StoreError`, `MemoryStore`; [`cli::exit`] and [`cli::signals`] for a binary's exit codes and
+//! signals; [`telemetry::metrics`] for metric names. The rest is public for the `vantage`
+//! binary and this crate's integration tests (the operator commands, the statement-level
+//! store functions, the pipeline's stages) and may change in any release; the modules of the
+//! binary alone (`bench`, `console`, `dlq`) are left out of these docs.
 
+#![deny(missing_docs)]
+#[doc(hidden)]
 pub mod bench;
 pub mod cli;
 pub mod config;
+#[doc(hidden)]
 pub mod console;
 pub mod daemon;
+#[doc(hidden)]
 pub mod dlq;
 pub mod perspective;
 pub mod pipeline;
