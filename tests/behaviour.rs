@@ -16,7 +16,7 @@ use vantage::config::WorkerSettings;
 use vantage::perspective::{ApplyError, ApplyTx, EventEnvelope, Perspective, PerspectiveRegistry};
 use vantage::pipeline::cooldown::CooldownCache;
 use vantage::pipeline::{DrainOutcome, Pipeline};
-use vantage::store::{InstanceId, InstanceInfo, NewEvent, Store};
+use vantage::store::{InstanceId, InstanceInfo, NewEvent, Store, WorkStore};
 use vantage::testkit::TestKit;
 
 const PERSPECTIVE: &str = "recorder";
@@ -104,6 +104,9 @@ trait Harness: Send + Sync {
     fn cooldown(&self) -> Arc<CooldownCache>;
     /// The recorder's log.
     fn log(&self) -> &Log;
+    /// Claims as another instance, which then dies holding its leases (no give-back); how many
+    /// rows it took.
+    async fn claim_and_die(&self) -> usize;
 
     /// Passes until one claims nothing (bounded).
     async fn drain(&self) {
@@ -204,6 +207,24 @@ impl Harness for Memory {
 
     fn log(&self) -> &Log {
         &self.log
+    }
+
+    async fn claim_and_die(&self) -> usize {
+        let store = self.kit.store();
+        let other = InstanceId::new();
+        store.register_instance(other);
+        let rows = store
+            .claim_work(
+                other,
+                Duration::from_secs(60),
+                10,
+                100,
+                &[PERSPECTIVE.into()],
+            )
+            .await
+            .unwrap();
+        store.deregister_instance(other);
+        rows.len()
     }
 }
 
@@ -311,6 +332,32 @@ impl Harness for Postgres {
 
     fn log(&self) -> &Log {
         &self.log
+    }
+
+    async fn claim_and_die(&self) -> usize {
+        let store = &self.db.store;
+        let other = InstanceId::new();
+        store
+            .heartbeat(other, &InstanceInfo::current("doomed"))
+            .await
+            .unwrap();
+        let rows = WorkStore::claim_work(
+            store,
+            other,
+            Duration::from_secs(60),
+            10,
+            100,
+            &[PERSPECTIVE.into()],
+        )
+        .await
+        .unwrap();
+        // Gone without giving anything back (what the orphan cleanup does to a dead instance).
+        sqlx::query("DELETE FROM wh_service_instances WHERE instance_id = $1")
+            .bind(other.0)
+            .execute(store.pool())
+            .await
+            .unwrap();
+        rows.len()
     }
 }
 
@@ -436,6 +483,17 @@ async fn max_attempts(h: &dyn Harness) {
     }
 }
 
+/// Rows leased by an instance that died are taken over at once, and the takeover is an
+/// attempt: the handler sees attempts = 2.
+async fn takeover(h: &dyn Harness) {
+    let stream = Uuid::new_v4();
+    let gp = h.append(stream, &["A", "B"]).await;
+    assert_eq!(h.claim_and_die().await, 2);
+    h.drain().await;
+    assert_eq!(h.applied(), vec![(gp[0], 2), (gp[1], 2)]);
+    assert!(h.rows().await.is_empty());
+}
+
 macro_rules! on_both_stores {
     ($($scenario:ident),* $(,)?) => {
         mod memory {
@@ -462,5 +520,6 @@ on_both_stores!(
     attempts_and_backoff,
     cooldown,
     permanent_failure,
-    max_attempts
+    max_attempts,
+    takeover
 );
