@@ -787,9 +787,9 @@ mod tests {
         store.append(Uuid::new_v4(), events(3));
         let rows = claim(&store, a, 10, 10).await;
         assert_eq!(rows.len(), 3);
-        // The head goes back; the rows behind it stay leased to `a`.
+        // The first and the last go back; the middle one stays leased to `a`.
         store
-            .release_unstarted(a, &[rows[0].event_work_id])
+            .release_unstarted(a, &[rows[0].event_work_id, rows[2].event_work_id])
             .await
             .unwrap();
         let taken = claim(&store, b, 10, 10).await;
