@@ -426,7 +426,9 @@ mod tests {
             (1, Some("warehouse system down"))
         );
 
-        kit.run_for(Duration::from_secs(60)).await.unwrap();
+        kit.run_for(std::time::Duration::from_secs(60))
+            .await
+            .unwrap();
         assert_eq!(level(&levels, "A-1", "north").on_hand, 7);
         let applied: Vec<i32> = kit.applied().iter().map(|a| a.attempts).collect();
         assert_eq!(
