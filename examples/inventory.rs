@@ -5,7 +5,8 @@
 //! ```sh
 //! cargo run --example inventory -- --demo   # sample events, the read model, a dead letter; exits
 //! cargo run --example inventory             # the daemon: serves until SIGTERM/Ctrl-C
-//! cargo test --example inventory            # the unit tests below, on the memory store: no PostgreSQL
+//! cargo test --example inventory            # the tests below: on the memory store (no PostgreSQL),
+//!                                           # and once on a throwaway PostgreSQL, as --demo runs it
 //! ```
 //!
 //! Without `DATABASE_URL` it starts a throwaway local PostgreSQL (removed on exit); with it,
@@ -263,7 +264,10 @@ async fn main() -> ExitCode {
     };
     if std::env::args().any(|a| a == "--demo") {
         return match demo(options).await {
-            Ok(()) => ExitCode::SUCCESS,
+            Ok(outcome) => {
+                print_demo(&outcome);
+                ExitCode::SUCCESS
+            }
             Err(e) => fail(e),
         };
     }
@@ -289,9 +293,18 @@ async fn create_read_model(database_url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--demo`: the daemon in-process, a few events (one with a zero quantity), the read model
-/// and the dead letter printed, a graceful shutdown.
-async fn demo(options: LoadOptions) -> anyhow::Result<()> {
+/// What `--demo` found once the daemon had applied its events.
+#[derive(Debug)]
+struct DemoOutcome {
+    /// (sku, warehouse, on_hand, received, shipped), by sku.
+    levels: Vec<(String, String, i64, i64, i64)>,
+    /// (global position, reason, error text) of the dead letters.
+    dead_letters: Vec<(i64, String, String)>,
+}
+
+/// `--demo`: the daemon in-process, a few events (one with a zero quantity), then the read
+/// model and the dead letter, and a graceful shutdown.
+async fn demo(options: LoadOptions) -> anyhow::Result<DemoOutcome> {
     let settings = Settings::load(&options)?;
     let store = Store::connect(&StoreOptions::from_settings(&settings.database)).await?;
     let daemon = DaemonBuilder::new(settings)
@@ -337,25 +350,38 @@ async fn demo(options: LoadOptions) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let levels: Vec<(String, String, i64, i64, i64)> = sqlx::query_as(
+    let levels = sqlx::query_as(
         "SELECT sku, warehouse, on_hand, received, shipped FROM inventory.levels ORDER BY sku",
     )
     .fetch_all(store.pool())
     .await?;
+    let dead_letters = store
+        .open_dead_letters(Some("inventory_levels"))
+        .await?
+        .into_iter()
+        .map(|d| {
+            (
+                d.global_position,
+                d.failure_reason,
+                d.error_text.unwrap_or_default(),
+            )
+        })
+        .collect();
+    daemon.shutdown().await?;
+    Ok(DemoOutcome {
+        levels,
+        dead_letters,
+    })
+}
+
+fn print_demo(outcome: &DemoOutcome) {
     println!("sku  warehouse  on_hand  received  shipped");
-    for (sku, warehouse, on_hand, received, shipped) in levels {
+    for (sku, warehouse, on_hand, received, shipped) in &outcome.levels {
         println!("{sku:<4} {warehouse:<10} {on_hand:>7} {received:>9} {shipped:>8}");
     }
-    for dead in store.open_dead_letters(Some("inventory_levels")).await? {
-        println!(
-            "dead-lettered at position {} ({}): {}",
-            dead.global_position,
-            dead.failure_reason,
-            dead.error_text.unwrap_or_default()
-        );
+    for (position, reason, error) in &outcome.dead_letters {
+        println!("dead-lettered at position {position} ({reason}): {error}");
     }
-    daemon.shutdown().await?;
-    Ok(())
 }
 
 // ---- unit tests: the payloads, the logic, and the perspective on the memory store ---------------
@@ -562,5 +588,64 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(err, ApplyError::Permanent(NO_TRANSACTION.into()));
+    }
+
+    /// The same perspective on PostgreSQL, as `--demo` runs it: a throwaway server (or
+    /// DATABASE_URL), the daemon in-process, the levels in `inventory.levels`, and the zero
+    /// quantity dead-lettered at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_same_perspective_runs_on_postgresql() {
+        let (url, _server) = match std::env::var("DATABASE_URL") {
+            Ok(url) => (url, None),
+            Err(_) => {
+                let server = tokio::task::spawn_blocking(ThrowawayPostgres::start)
+                    .await
+                    .unwrap()
+                    .expect("a throwaway PostgreSQL (see the README: the server package)");
+                (server.url(), Some(server))
+            }
+        };
+        // A database of its own, so a shared DATABASE_URL keeps nothing of this run.
+        let name = format!(
+            "inventory_example_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        let mut admin = PgConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let db_url = match url.rsplit_once('/') {
+            Some((server, _)) if !server.ends_with('/') => format!("{server}/{name}"),
+            _ => format!("{url}/{name}"),
+        };
+        create_read_model(&db_url).await.unwrap();
+        let outcome = demo(LoadOptions {
+            database_url: Some(db_url),
+            ..LoadOptions::default()
+        })
+        .await
+        .unwrap();
+        sqlx::raw_sql(&format!("DROP DATABASE {name} WITH (FORCE)"))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome.levels,
+            vec![
+                ("A-1".into(), "north".into(), 7, 10, 3),
+                ("B-2".into(), "south".into(), 5, 5, 0),
+            ]
+        );
+        assert_eq!(
+            outcome.dead_letters,
+            vec![(
+                4,
+                "PermanentFailure".into(),
+                "payload of ItemShipped does not deserialize: quantity: \
+                 invalid value: integer `0`, expected a nonzero u32"
+                    .into()
+            )]
+        );
     }
 }
