@@ -6,10 +6,11 @@
 -- apply's server time for a one-line upsert (issue 9; BENCHMARKS.md run 7). Now the dispatcher
 -- holds the statements themselves, verbatim, one per CASE branch, and its first seven
 -- parameters are the statements' $1 … $7 (unnamed, typed as before: jsonb, uuid, uuid, text,
--- bigint, int, jsonb); for each event it assigns them from the arrays and runs the event's
--- statement, whose plan PL/pgSQL caches for the session as before. The semantics are those of
--- 0005 and 0009: same parameters and types, same order, same transaction, each statement sees
--- the effects of the ones before it, the first error fails the call.
+-- bigint, int, jsonb); for each event it assigns those the statements mention from the arrays
+-- and runs the event's statement, whose plan PL/pgSQL caches for the session as before. The
+-- semantics are those of 0005 and 0009: same parameters and types, same order, same
+-- transaction, each statement sees the effects of the ones before it, the first error fails the
+-- call.
 --
 -- What stays on EXECUTE (per event, with the same seven parameters) is what was there before:
 -- statements that return rows, sessions that may not create temporary objects, sessions that
@@ -37,6 +38,7 @@ DECLARE
     v_name  text := 'vantage_apply_inline_' || md5(array_to_string(p_statements, E'\n;\n--vantage--\n'));
     v_count int := coalesce(nullif(current_setting('vantage.apply_dispatchers', true), '')::int, 0);
     v_cases text := '';
+    v_assign text := '';
 BEGIN
     IF to_regprocedure(format('pg_temp.%I(jsonb, uuid, uuid, text, bigint, int, jsonb, '
                               'int[], jsonb[], uuid[], uuid[], text[], bigint[], int[], jsonb[])',
@@ -58,6 +60,14 @@ BEGIN
                 || chr(10);
         END IF;
     END LOOP;
+    -- Only the parameters some statement mentions are assigned (any $n, $0n … anywhere in its
+    -- text, as the daemon decides what to send); the others stay NULL, unread.
+    FOR n IN 1 .. 7 LOOP
+        IF EXISTS (SELECT 1 FROM unnest(p_statements) AS s(statement)
+                   WHERE s.statement ~ ('\$0*' || n || '([^0-9]|$)')) THEN
+            v_assign := v_assign || format('    $%s := $%s[vantage$event];', n, n + 8) || chr(10);
+        END IF;
+    END LOOP;
     BEGIN
         -- $1 … $7: the statements' parameters; $8: which statement each event runs (1-based
         -- into p_statements); $9 … $15: the events' values, one array per parameter.
@@ -71,14 +81,7 @@ BEGIN
                 '#variable_conflict use_column',
                 'BEGIN',
                 '  FOR vantage$event IN 1 .. coalesce(cardinality($8), 0) LOOP',
-                '    $1 := $9[vantage$event];',
-                '    $2 := $10[vantage$event];',
-                '    $3 := $11[vantage$event];',
-                '    $4 := $12[vantage$event];',
-                '    $5 := $13[vantage$event];',
-                '    $6 := $14[vantage$event];',
-                '    $7 := $15[vantage$event];',
-                '    CASE $8[vantage$event]',
+                v_assign || '    CASE $8[vantage$event]',
                 v_cases || '    END CASE;',
                 '  END LOOP;',
                 '  RETURN coalesce(cardinality($8), 0);',
