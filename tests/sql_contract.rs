@@ -2399,7 +2399,7 @@ async fn a_locked_head_is_skipped_without_waiting_and_nothing_behind_it_is_taken
 }
 
 // ------------------------------------------------------------------------------------------
-// The batched apply (migrations 0005, 0009)
+// The batched apply (migrations 0005, 0009, 0012)
 // ------------------------------------------------------------------------------------------
 
 /// Rule 19. The batched apply runs every statement with the same seven parameters and in the
@@ -2485,6 +2485,48 @@ async fn the_batched_apply_runs_every_kind_of_statement_in_order() -> TestResult
             .fetch_one(&mut *conn)
             .await?;
     assert_eq!(data_kept, data, "$1 is the event's data");
+
+    // Parameters no statement of the batch mentions are not sent (NULL arrays): the others
+    // still reach every statement, in both forms, and $4 stays what it is when mentioned.
+    for round in 0..2 {
+        let mut batch = StatementBatch::default();
+        for s in [
+            "INSERT INTO applied (kind, stream_id, version, event_type) \
+             VALUES ('unsent', $2, $6, $4)",
+            "INSERT INTO applied (kind, stream_id, version) VALUES ('unsent-r', $2, $6) \
+             RETURNING seq",
+        ] {
+            batch.push(
+                s,
+                StatementParams {
+                    data: &data,
+                    stream_id: stream,
+                    event_id: Uuid::new_v4(),
+                    event_type: "U",
+                    global_position: 0,
+                    stream_version: 100 + round,
+                    metadata: &meta,
+                },
+            );
+        }
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        apply_statements_and_complete_in(&mut tx, &batch, nobody, &[]).await?;
+        tx.commit().await?;
+    }
+    let unsent: Vec<(String, i32, Option<String>, Option<serde_json::Value>)> = sqlx::query_as(
+        "SELECT kind, version, event_type, data FROM applied WHERE kind LIKE 'unsent%' ORDER BY seq",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    assert_eq!(
+        unsent,
+        vec![
+            ("unsent".to_string(), 100, Some("U".to_string()), None),
+            ("unsent-r".to_string(), 100, None, None),
+            ("unsent".to_string(), 101, Some("U".to_string()), None),
+            ("unsent-r".to_string(), 101, None, None),
+        ]
+    );
 
     // An error of any statement fails the call, in either form.
     for bad in [

@@ -11,6 +11,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -98,10 +99,43 @@ struct Entry {
     seq: u64,
 }
 
+/// Hashes a work id by mixing its two halves (a 64-bit finaliser, as in MurmurHash3): the
+/// standard SipHash was a tenth of the daemon's CPU in this cache, touched several times per
+/// event. Work ids are random (`gen_random_uuid()`) or at least unique, and the cache is
+/// bounded, so flooding resistance buys nothing here; the finaliser still spreads ids that
+/// differ in any bit (sequential or time-ordered ones) over the whole table.
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0.rotate_left(29) ^ u64::from_le_bytes(word))
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        // (the length prefix of the id's bytes: the same for every key)
+        self.0 ^= n as u64;
+    }
+
+    fn finish(&self) -> u64 {
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xC4CE_B9FE_1A85_EC53);
+        h ^ (h >> 33)
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     /// Work id → its latest mark. The source of truth for membership.
-    entries: HashMap<Uuid, Entry>,
+    entries: HashMap<Uuid, Entry, BuildHasherDefault<IdHasher>>,
     /// `(work id, mark seq)` in mark order, oldest first, hence also in time order. A re-mark
     /// pushes a new pair and leaves the old one behind; a pair whose seq is not the entry's
     /// is stale and skipped when popped. (A sequence number rather than the time tells them
@@ -437,6 +471,22 @@ mod tests {
         }
         assert_eq!(cache.len(), 1);
         assert!(cache.lock().order.len() <= 2 + 64 + 1);
+    }
+
+    #[test]
+    fn id_hasher_spreads_ids_that_differ_in_one_byte() {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        let build = BuildHasherDefault::<IdHasher>::default();
+        let mut buckets = std::collections::HashSet::new();
+        for i in 0..=255u8 {
+            for at in [0usize, 7, 8, 15] {
+                let mut bytes = [0u8; 16];
+                bytes[at] = i;
+                // the low bits pick the bucket: they must differ too
+                buckets.insert((at, build.hash_one(Uuid::from_bytes(bytes)) & 0xFFFF));
+            }
+        }
+        assert!(buckets.len() > 4 * 250, "{} distinct", buckets.len());
     }
 
     #[test]

@@ -6,10 +6,14 @@ use uuid::Uuid;
 use super::{map_db_error, InstanceId, StoreError};
 
 /// The statements of a run of events, in apply order, with their bound parameters (borrowed
-/// from the events: a batch's payloads are not copied to be sent).
+/// from the events: a batch's payloads are not copied to be sent). A parameter none of the
+/// batch's statements mentions is not sent at all (a NULL array: e.g. the payloads of events
+/// whose statements only read `$2`, `$3`, `$5`, `$6`).
 #[derive(Debug, Default)]
 pub struct StatementBatch<'a> {
     statements: Vec<&'a str>,
+    /// Bit `n - 1` set: some statement mentions `$n` (see [`mentioned_params`]).
+    mentioned: u8,
     statement: Vec<i32>,
     data: Vec<&'a serde_json::Value>,
     stream_id: Vec<Uuid>,
@@ -46,6 +50,7 @@ impl<'a> StatementBatch<'a> {
             Some(i) => i,
             None => {
                 self.statements.push(statement);
+                self.mentioned |= mentioned_params(statement);
                 self.statements.len() - 1
             }
         };
@@ -68,6 +73,42 @@ impl<'a> StatementBatch<'a> {
     pub fn is_empty(&self) -> bool {
         self.statement.is_empty()
     }
+
+    /// `values` if some statement of the batch mentions `$n`, else nothing (sent as NULL).
+    fn sent<'v, T>(&self, n: u8, values: &'v [T]) -> Option<&'v [T]> {
+        (self.mentioned & (1 << (n - 1)) != 0).then_some(values)
+    }
+}
+
+/// Which of the parameters `$1` … `$7` `statement` may read: bit `n - 1` for `$n`. Any `$`
+/// followed by digits counts, wherever it stands (in a string literal, a comment, after an
+/// identifier's letters): a parameter is only ever read through such a token, so a false
+/// "mentioned" costs the bytes of sending it and a false "not mentioned" cannot happen.
+/// `$01` is `$1`, as the server reads it; numbers beyond 7 fail on the server either way.
+fn mentioned_params(statement: &str) -> u8 {
+    let bytes = statement.as_bytes();
+    let mut mask = 0u8;
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'$' {
+            i += 1;
+            continue;
+        }
+        i += 1;
+        let mut value: u32 = 0;
+        let mut digits = 0;
+        while i < bytes.len() && bytes[i].is_ascii_digit() {
+            value = value
+                .saturating_mul(10)
+                .saturating_add(u32::from(bytes[i] - b'0'));
+            digits += 1;
+            i += 1;
+        }
+        if digits > 0 && (1..=7).contains(&value) {
+            mask |= 1 << (value - 1);
+        }
+    }
+    mask
 }
 
 /// Runs every statement of `batch`, in order, and then completes `complete` (rows leased to
@@ -88,15 +129,37 @@ pub async fn apply_statements_and_complete_in(
     .bind(complete)
     .bind(&batch.statements)
     .bind(&batch.statement)
-    .bind(&batch.data)
-    .bind(&batch.stream_id)
-    .bind(&batch.event_id)
-    .bind(&batch.event_type)
-    .bind(&batch.global_position)
-    .bind(&batch.stream_version)
-    .bind(&batch.metadata)
+    .bind(batch.sent(1, &batch.data))
+    .bind(batch.sent(2, &batch.stream_id))
+    .bind(batch.sent(3, &batch.event_id))
+    .bind(batch.sent(4, &batch.event_type))
+    .bind(batch.sent(5, &batch.global_position))
+    .bind(batch.sent(6, &batch.stream_version))
+    .bind(batch.sent(7, &batch.metadata))
     .fetch_one(conn)
     .await
     .map_err(map_db_error)?;
     Ok(n as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mentioned_params;
+
+    #[test]
+    fn mentioned_params_reads_every_dollar_number() {
+        assert_eq!(mentioned_params("SELECT 1"), 0);
+        assert_eq!(
+            mentioned_params("INSERT INTO t VALUES ($2, $6, $3, $5)"),
+            0b0011_0110
+        );
+        assert_eq!(mentioned_params("SELECT $1->>'a', $7"), 0b0100_0001);
+        // As the server reads them: $01 is $1; $10, $17 and $71 are none of the seven.
+        assert_eq!(mentioned_params("SELECT $01, $10, $17, $71"), 0b0000_0001);
+        // Conservative: inside literals and comments, after identifier letters.
+        assert_eq!(mentioned_params("SELECT '$4' -- $5"), 0b0001_1000);
+        assert_eq!(mentioned_params("SELECT a$3"), 0b0000_0100);
+        assert_eq!(mentioned_params("SELECT $ 1, $$x$$, $"), 0);
+        assert_eq!(mentioned_params("SELECT $99999999999999999999"), 0);
+    }
 }
