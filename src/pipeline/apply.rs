@@ -196,7 +196,7 @@ pub async fn apply_batch<S: WorkStore>(
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
         .is_ok();
     if !small {
-        match run_lanes(ctx, lease, lanes.clone()).await {
+        match run_lanes(ctx, lease, &lanes).await {
             Err(Abort::Conflict { reason, .. }) => {
                 ctx.small_transactions
                     .store(SMALL_TRANSACTION_BATCHES, Ordering::Relaxed);
@@ -230,7 +230,7 @@ async fn run_lane_alone<S: WorkStore>(
     let mut round = 0u64;
     loop {
         round += 1;
-        match run_lanes(ctx, lease, vec![lane.clone()]).await {
+        match run_lanes(ctx, lease, std::slice::from_ref(&lane)).await {
             Ok(o) => return Ok(o),
             Err(Abort::Batch(e)) => return Err(e),
             Err(Abort::Poisoned { .. }) => unreachable!("run_lanes settles poisoned lanes"),
@@ -258,14 +258,17 @@ async fn run_lane_alone<S: WorkStore>(
 
 /// The optimistic pass, then careful passes until every lane is settled. Lanes whose event took
 /// a transaction down are settled on their own and the careful pass runs again without them.
+/// The lanes are borrowed: a copy is made only on that rare path (copying every envelope of
+/// every batch, in case, was a tenth of the daemon's CPU).
 async fn run_lanes<S: WorkStore>(
     ctx: &ApplyContext<S>,
     lease: &mut LeasedBatch<S>,
-    mut lanes: Vec<Lane>,
+    lanes: &[Lane],
 ) -> Result<BatchOutcome, Abort> {
-    if let Some(fast) = apply_fast(ctx, lease, &lanes).await? {
+    if let Some(fast) = apply_fast(ctx, lease, lanes).await? {
         return Ok(fast);
     }
+    let mut lanes = std::borrow::Cow::Borrowed(lanes);
     let mut outcome = BatchOutcome::default();
     loop {
         match apply_careful(ctx, lease, &lanes).await {
@@ -274,7 +277,7 @@ async fn run_lanes<S: WorkStore>(
                 return Ok(outcome);
             }
             Err(Abort::Poisoned { lane, event, error }) => {
-                let poisoned = lanes.remove(lane);
+                let poisoned = lanes.to_mut().remove(lane);
                 outcome.merge(
                     settle_poisoned(ctx, lease, &poisoned, event, &error)
                         .await
@@ -282,7 +285,7 @@ async fn run_lanes<S: WorkStore>(
                 );
                 // The events before it are still ours and still to apply: keep them.
                 if event > 0 {
-                    lanes.insert(
+                    lanes.to_mut().insert(
                         lane,
                         Lane {
                             perspective: Arc::clone(&poisoned.perspective),

@@ -257,6 +257,54 @@ impl<C: Clock> CooldownCache<C> {
         }
     }
 
+    /// [`CooldownCache::mark`] for many work ids at once (one lock, one clock read: a batch's
+    /// marks, not one lock per event).
+    pub fn mark_all(&self, work_ids: &[Uuid]) {
+        if self.max_entries == 0 || work_ids.is_empty() {
+            return;
+        }
+        let now = self.now();
+        let mut inner = self.lock();
+        for &work_id in work_ids {
+            let seq = inner.next_seq;
+            inner.next_seq += 1;
+            inner.order.push_back((work_id, seq));
+            let entry = Entry { at: now, seq };
+            if inner.entries.insert(work_id, entry).is_none()
+                && inner.entries.len() > self.max_entries
+            {
+                inner.pop_expired(now, self.ttl_nanos);
+                if inner.entries.len() > self.max_entries {
+                    inner.evict_oldest((self.max_entries / 10).max(1));
+                }
+            }
+        }
+        inner.compact_if_bloated();
+    }
+
+    /// The work ids among `work_ids` that [`CooldownCache::is_cooled`] would report, looked
+    /// up under one lock (expired entries are removed, as there).
+    pub fn cooled_among(&self, work_ids: impl IntoIterator<Item = Uuid>) -> Vec<Uuid> {
+        let now = self.now();
+        let mut inner = self.lock();
+        if inner.entries.is_empty() {
+            return Vec::new();
+        }
+        let mut cooled = Vec::new();
+        for work_id in work_ids {
+            match inner.entries.get(&work_id) {
+                Some(entry) if now.saturating_sub(entry.at) < self.ttl_nanos => {
+                    cooled.push(work_id)
+                }
+                Some(_) => {
+                    inner.entries.remove(&work_id);
+                }
+                None => {}
+            }
+        }
+        cooled
+    }
+
     /// Drops the mark of `work_id`: its apply was rolled back with the transaction, so the
     /// row must be applied again when it is re-claimed.
     pub fn forget(&self, work_id: Uuid) {
@@ -516,5 +564,28 @@ mod tests {
             h.join().unwrap();
         }
         assert_eq!(cache.len(), 4_000);
+    }
+
+    #[test]
+    fn batch_marks_and_lookups_agree_with_single_ones() {
+        let clock = Arc::new(ManualClock::new());
+        let cache = CooldownCache::with_clock(Duration::from_secs(10), 3, Arc::clone(&clock));
+        let ids: Vec<Uuid> = (0..4).map(|_| Uuid::new_v4()).collect();
+        cache.mark_all(&ids[..2]);
+        assert_eq!(cache.cooled_among(ids.iter().copied()), ids[..2].to_vec());
+        // Full: marking two more evicts the oldest, as one mark at a time would.
+        cache.mark_all(&ids[2..]);
+        let cooled = cache.cooled_among(ids.iter().copied());
+        assert!(
+            !cooled.contains(&ids[0]) && cooled.contains(&ids[3]),
+            "{cooled:?}"
+        );
+        assert!(cooled.iter().all(|id| cache.is_cooled(*id)));
+        clock.advance(Duration::from_secs(10));
+        assert!(
+            cache.cooled_among(ids.iter().copied()).is_empty(),
+            "expired"
+        );
+        assert_eq!(cache.len(), 0, "expired entries are removed by the lookup");
     }
 }

@@ -2,7 +2,7 @@
 //! savepoints) and the careful one (a savepoint per event), their bookkeeping, and how a failed
 //! handler call is judged. [`super::apply_batch`] decides which passes run.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
@@ -27,6 +27,16 @@ struct Tally {
 }
 
 impl Tally {
+    /// One more for `perspective` (its name is copied once per pass, not once per event).
+    fn count(map: &mut BTreeMap<String, u64>, perspective: &str) {
+        match map.get_mut(perspective) {
+            Some(n) => *n += 1,
+            None => {
+                map.insert(perspective.to_string(), 1);
+            }
+        }
+    }
+
     fn publish(self) {
         for (p, n) in self.applied {
             metrics::counter!(m::EVENTS_APPLIED_TOTAL, m::LABEL_PERSPECTIVE => p).increment(n);
@@ -98,13 +108,35 @@ impl Pass {
 
     /// A cooled row: completed without re-applying.
     fn cooled(&mut self, ev: &EventEnvelope) {
-        *self
-            .tally
-            .cooled
-            .entry(ev.perspective_name.clone())
-            .or_default() += 1;
+        Tally::count(&mut self.tally.cooled, &ev.perspective_name);
         self.outcome.cooled += 1;
         self.done.push(ev.event_work_id);
+    }
+
+    /// Successful applies of a statement batch: as [`Pass::applied`] for each, with the
+    /// cooldown cache marked once for all.
+    fn applied_batch<S: WorkStore>(
+        &mut self,
+        ctx: &ApplyContext<S>,
+        batched: &[(&Lane, &EventEnvelope)],
+    ) {
+        if let Some(cache) = &ctx.cooldown {
+            let ids: Vec<Uuid> = batched.iter().map(|(_, ev)| ev.event_work_id).collect();
+            cache.mark_all(&ids);
+            if self.marks.transactional {
+                self.marks.ids.extend(
+                    batched
+                        .iter()
+                        .filter(|(lane, _)| lane.perspective.effects_in_transaction())
+                        .map(|(_, ev)| ev.event_work_id),
+                );
+            }
+        }
+        for (_, ev) in batched {
+            Tally::count(&mut self.tally.applied, &ev.perspective_name);
+            self.outcome.applied += 1;
+            self.done.push(ev.event_work_id);
+        }
     }
 
     /// A successful apply: cooled from now on, completed with the transaction.
@@ -115,11 +147,7 @@ impl Pass {
         ev: &EventEnvelope,
     ) {
         self.marks.mark(ctx, perspective, ev.event_work_id);
-        *self
-            .tally
-            .applied
-            .entry(ev.perspective_name.clone())
-            .or_default() += 1;
+        Tally::count(&mut self.tally.applied, &ev.perspective_name);
         self.outcome.applied += 1;
         self.done.push(ev.event_work_id);
     }
@@ -283,6 +311,18 @@ pub(super) async fn apply_fast<S: WorkStore>(
     // one round trip, after the other lanes (lanes are independent; each keeps its order).
     let mut statements = StatementBatch::default();
     let mut batched: Vec<(&Lane, &EventEnvelope)> = Vec::new();
+    // The batch's cooled rows, looked up under one lock.
+    let cooled: HashSet<Uuid> = match &ctx.cooldown {
+        Some(cache) => cache
+            .cooled_among(
+                lanes
+                    .iter()
+                    .flat_map(|l| l.events.iter().map(|e| e.event_work_id)),
+            )
+            .into_iter()
+            .collect(),
+        None => HashSet::new(),
+    };
     for lane in lanes {
         let set_wise = btx.tx.has_database()
             && lane
@@ -290,7 +330,7 @@ pub(super) async fn apply_fast<S: WorkStore>(
                 .iter()
                 .all(|e| lane.perspective.batch_statement(&e.event_type).is_some());
         for (i, ev) in lane.events.iter().enumerate() {
-            if is_cooled(ctx, ev.event_work_id) {
+            if cooled.contains(&ev.event_work_id) {
                 pass.cooled(ev);
                 continue;
             }
@@ -345,13 +385,21 @@ pub(super) async fn apply_fast<S: WorkStore>(
                 completed = Some(all_ours);
                 // One call for all: each event is credited its share of the time.
                 let share = started.elapsed().as_secs_f64() / statements.len() as f64;
-                for (lane, ev) in batched {
+                // One histogram handle per run of a perspective, not a lookup per event.
+                let mut histogram: Option<(&str, metrics::Histogram)> = None;
+                for (_, ev) in &batched {
                     lease.mark_started(ev.event_work_id);
-                    metrics::histogram!(m::APPLY_DURATION_SECONDS,
-                        m::LABEL_PERSPECTIVE => ev.perspective_name.clone())
-                    .record(share);
-                    pass.applied(ctx, lane.perspective.as_ref(), ev);
+                    match &histogram {
+                        Some((name, h)) if *name == ev.perspective_name => h.record(share),
+                        _ => {
+                            let h = metrics::histogram!(m::APPLY_DURATION_SECONDS,
+                                m::LABEL_PERSPECTIVE => ev.perspective_name.clone());
+                            h.record(share);
+                            histogram = Some((ev.perspective_name.as_str(), h));
+                        }
+                    }
                 }
+                pass.applied_batch(ctx, &batched);
             }
             // Some statement failed (or the batch outlived one apply's deadline): the careful
             // pass applies one event per savepoint and finds which.
