@@ -2646,3 +2646,70 @@ async fn move_many_to_dead_letters_moves_each_row_like_move_to_dead_letters() ->
     );
     Ok(())
 }
+
+/// Rule 21. A dead letter's `error_fingerprint` is always `wh_error_fingerprint` of its
+/// perspective, event type and error text: when a batched move supplies it (computed once per
+/// distinct error), when another writer inserts a dead letter without it, and after an update
+/// of the error text. Catches: fingerprints paired with the wrong rows in a move of several
+/// errors, a column left NULL for other writers, a stale fingerprint after an edit.
+#[tokio::test]
+async fn a_dead_letters_fingerprint_is_always_that_of_its_error() -> TestResult {
+    use vantage::store::move_many_to_dead_letters_in;
+
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["*"]).await?;
+    let me = live_instance(store).await?;
+    append(store, Uuid::new_v4(), &["A", "B", "C"]).await?;
+    append(store, Uuid::new_v4(), &["A"]).await?;
+    let rows = store.claim_work(me, LEASE, 10, 10, None).await?;
+    assert_eq!(rows.len(), 4);
+    poke(
+        store,
+        "UPDATE wh_perspective_events SET last_error = 'duplicate key (id)=(7) (SQLSTATE 23505)' \
+         WHERE event_work_id = ANY ($1)",
+        &[rows[0].event_work_id],
+    )
+    .await?;
+    let moves: Vec<(Uuid, String)> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.event_work_id, format!("text {}", i % 2)))
+        .collect();
+    let moved =
+        move_many_to_dead_letters_in(store.pool(), me, &moves, FAILURE_MAX_ATTEMPTS).await?;
+    assert_eq!(moved.len(), 4);
+    let distinct: i64 =
+        sqlx::query_scalar("SELECT count(DISTINCT error_fingerprint) FROM wh_dead_letters")
+            .fetch_one(store.pool())
+            .await?;
+    assert!(
+        distinct >= 3,
+        "different errors, different fingerprints: {distinct}"
+    );
+
+    // Another writer, without a fingerprint; then an edit of the text.
+    sqlx::query(
+        "INSERT INTO wh_dead_letters (dead_letter_id, source_table, source_id, stream_id, event_id, \
+         global_position, stream_version, event_type, perspective_name, failure_reason, error_text, \
+         attempts_when_dlq, failures_when_dlq, dead_lettered_at, status, status_changed_at) \
+         VALUES (gen_random_uuid(), 'wh_perspective_events', gen_random_uuid(), gen_random_uuid(), \
+         gen_random_uuid(), 999, 1, 'X', 'P1', 'PermanentFailure', 'by hand 42', 1, 1, now(), \
+         'exhausted', now())",
+    )
+    .execute(store.pool())
+    .await?;
+    sqlx::query("UPDATE wh_dead_letters SET error_text = 'edited' WHERE source_id = $1")
+        .bind(rows[1].event_work_id)
+        .execute(store.pool())
+        .await?;
+
+    let wrong: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM wh_dead_letters WHERE error_fingerprint IS DISTINCT FROM \
+         wh_error_fingerprint(perspective_name, event_type, error_text)",
+    )
+    .fetch_one(store.pool())
+    .await?;
+    assert_eq!(wrong, 0, "every fingerprint is that of its row's error");
+    Ok(())
+}
