@@ -70,7 +70,7 @@ macro_rules! work_row_columns {
     };
 }
 
-/// Reads the columns by position when the row has them in [`WORK_ROW_NAMES`] order (the claims
+/// Reads the columns by position when the row has them in `WORK_ROW_NAMES` order (the claims
 /// here), by name otherwise: a lookup by name hashes the name (SipHash), eleven times a row,
 /// which was a visible part of the daemon's CPU for a claim of 500 rows.
 impl<'r> sqlx::FromRow<'r, PgRow> for WorkRow {
