@@ -599,9 +599,10 @@ impl MemoryTx {
             .flat_map(|op| match op {
                 Op::Complete(_, ids)
                 | Op::ReleaseUnstarted(_, ids)
-                | Op::ReleaseStarted(_, ids) => ids.clone(),
-                Op::Fail(_, id, _, _) => vec![*id],
+                | Op::ReleaseStarted(_, ids) => ids.as_slice(),
+                Op::Fail(_, id, _, _) => std::slice::from_ref(id),
             })
+            .copied()
             .collect();
         let state = self.store.lock();
         let mut seen = HashSet::new();
