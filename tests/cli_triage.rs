@@ -372,7 +372,7 @@ async fn status_blocked_lists_failing_heads_and_what_waits_behind_them() {
 async fn claimed(env: &Env, perspective: &str) -> i64 {
     let rows: Vec<(Uuid, String)> = sqlx::query_as(
         "SELECT event_work_id, perspective_name \
-         FROM claim_perspective_work($1, 60, 100, 100, NULL)",
+         FROM get_stream_events($1, NULL, 60, NULL, 100, 100)",
     )
     .bind(env.instance.0)
     .fetch_all(env.store.pool())

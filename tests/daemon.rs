@@ -805,3 +805,99 @@ async fn a_stuck_handler_is_abandoned_after_the_grace() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A producer's append held open (a bulk import that touched a stream with work, then stalled)
+/// stops nothing: every other stream keeps being applied while it is open, the held stream's
+/// earlier events are applied too, and its held event is applied right after the commit, on
+/// its first claim. Catches: lane bookkeeping the producer writes (a completion or give-back of
+/// that lane then waits for the producer, and the consumer loop with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_holding_an_append_open_does_not_freeze_the_drain() {
+    let env = env().await;
+    create_applied_table(&env, "alpha").await;
+    let mut s = settings(&env, &recording_perspective("alpha", &["Placed"]));
+    s.worker.consumers = 1;
+    let daemon = start(&env, s).await;
+
+    let held = Uuid::new_v4();
+    append(&env, held, vec![ev("Placed", serde_json::json!({}))]).await;
+    let mut producer = env.store.pool().begin().await.unwrap();
+    sqlx::query("SELECT * FROM append_events($1, NULL, $2)")
+        .bind(held)
+        .bind(serde_json::json!([{ "event_type": "Placed" }]))
+        .execute(&mut *producer)
+        .await
+        .unwrap();
+
+    // While it is open: 50 new streams, and more events on the held stream's lane before it.
+    let others: Vec<Uuid> = (0..50).map(|_| Uuid::new_v4()).collect();
+    for s in &others {
+        append(&env, *s, vec![ev("Placed", serde_json::json!({}))]).await;
+    }
+    env.wait_until(
+        "SELECT count(*) FROM applied_alpha",
+        51,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM applied_alpha WHERE version = 2")
+            .await,
+        0,
+        "the held event is not visible yet"
+    );
+
+    producer.commit().await.unwrap();
+    wait_drained(&env, Duration::from_secs(30)).await;
+    assert_eq!(env.scalar("SELECT count(*) FROM applied_alpha").await, 52);
+    assert_in_stream_order(&env, "alpha").await;
+    daemon.shutdown().await.unwrap();
+}
+
+/// Work rows restored with triggers disabled (a data-only restore) have no lane in the index
+/// and no wake-up; the daemon's reconciliation finds them at start-up, repairs the lanes
+/// (counted in vantage_lanes_repaired_total) and the events are applied. Catches: no safety
+/// net (such rows stay pending forever, "Pending" with no reason).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_restored_without_its_lanes_is_repaired_and_applied() {
+    let env = env().await;
+    create_applied_table(&env, "alpha").await;
+    env.store
+        .register_perspective("alpha", &["Placed".to_string()])
+        .await
+        .unwrap();
+    let streams: Vec<Uuid> = (0..5).map(|_| Uuid::new_v4()).collect();
+    // The restore: events and work rows written with every trigger off.
+    let mut restore = env.store.pool().begin().await.unwrap();
+    sqlx::query("SET LOCAL session_replication_role = replica")
+        .execute(&mut *restore)
+        .await
+        .unwrap();
+    for s in &streams {
+        for v in 1..=2 {
+            sqlx::query(
+                "WITH e AS (INSERT INTO wh_event_store (stream_id, stream_version, event_type) \
+                            VALUES ($1, $2, 'Placed') RETURNING *) \
+                 INSERT INTO wh_perspective_events \
+                     (stream_id, event_id, global_position, stream_version, perspective_name) \
+                 SELECT stream_id, event_id, global_position, stream_version, 'alpha' FROM e",
+            )
+            .bind(s)
+            .bind(v)
+            .execute(&mut *restore)
+            .await
+            .unwrap();
+        }
+    }
+    restore.commit().await.unwrap();
+
+    let daemon = start(
+        &env,
+        settings(&env, &recording_perspective("alpha", &["Placed"])),
+    )
+    .await;
+    wait_drained(&env, Duration::from_secs(30)).await;
+    assert_eq!(env.scalar("SELECT count(*) FROM applied_alpha").await, 10);
+    assert_in_stream_order(&env, "alpha").await;
+    daemon.shutdown().await.unwrap();
+}

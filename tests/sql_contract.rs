@@ -2186,7 +2186,7 @@ async fn purged_dead_letter_stays_purged_when_its_event_is_exhausted_again() -> 
 }
 
 // ------------------------------------------------------------------------------------------
-// The lane index (migration 0007)
+// The lane index (migrations/0003_lanes.sql)
 // ------------------------------------------------------------------------------------------
 
 /// The lanes in the lane index and the lanes that have work rows.
@@ -2203,11 +2203,12 @@ async fn lane_sets(store: &Store) -> anyhow::Result<(BTreeSet<Lane>, BTreeSet<La
 }
 
 /// Rule 16. An append into a lane whose last row is being completed never strands the new row:
-/// the completion (its trigger) waits for the appender's lock on the lane row and then sees the
-/// new row, so the lane stays in the index (I1) and the next claim gets it; once everything is
-/// done the index is empty. Deterministic: the append is held open while the completion runs.
-/// Catches: an append that does not lock the lane row (ON CONFLICT DO NOTHING), an emptiness
-/// check on a snapshot taken before the lane's lock, a lane not made due when its head completes.
+/// the completion does not wait for the appender (it may drop the lane, which it sees empty),
+/// and the append's wake-up, committed with it, brings the lane back at the next claim's fold
+/// (L1); once everything is done the index is empty. Deterministic: the append is held open
+/// while the completion runs. Catches: an append without a wake-up, a fold that deletes a
+/// wake-up without taking its lane, an emptiness check on a snapshot taken before the lane's
+/// lock, a lane not made due when its head completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_append_racing_the_completion_of_its_lane_is_not_stranded() -> TestResult {
     let ctx = setup().await?;
@@ -2711,5 +2712,448 @@ async fn a_dead_letters_fingerprint_is_always_that_of_its_error() -> TestResult 
     .fetch_one(store.pool())
     .await?;
     assert_eq!(wrong, 0, "every fingerprint is that of its row's error");
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// The producer rule (migrations/0001_tables.sql, 0003_lanes.sql): a producer's append never
+// waits for vantage, vantage never waits for a producer, and vantage never makes a producer's
+// transaction fail. Each test holds one side's transaction open at the moment that used to
+// conflict, and gives the other side a lock_timeout (or a generous deadline) so a wait shows as
+// an error instead of a hang.
+// ------------------------------------------------------------------------------------------
+
+/// A producer's connection whose every lock wait fails after `lock_timeout`.
+async fn producer_conn(
+    store: &Store,
+    lock_timeout: &str,
+) -> anyhow::Result<sqlx::pool::PoolConnection<sqlx::Postgres>> {
+    let mut conn = store.pool().acquire().await?;
+    sqlx::query("SELECT set_config('lock_timeout', $1, false)")
+        .bind(lock_timeout)
+        .execute(&mut *conn)
+        .await?;
+    Ok(conn)
+}
+
+/// Appends `n` events of type E to `stream` on `conn` (inside whatever transaction it is in).
+async fn append_on(
+    conn: &mut sqlx::PgConnection,
+    stream: Uuid,
+    n: usize,
+) -> Result<(), sqlx::Error> {
+    let events: Vec<serde_json::Value> = (0..n).map(|_| json!({ "event_type": "E" })).collect();
+    sqlx::query("SELECT * FROM append_events($1, NULL, $2)")
+        .bind(stream)
+        .bind(serde_json::Value::Array(events))
+        .execute(conn)
+        .await
+        .map(|_| ())
+}
+
+/// Runs `fut` with a deadline far above anything it should need; a hang (a wait on a lock
+/// nobody will release during the test) becomes an error naming `what`.
+async fn no_hang<T>(what: &str, fut: impl std::future::Future<Output = T>) -> anyhow::Result<T> {
+    tokio::time::timeout(Duration::from_secs(20), fut)
+        .await
+        .map_err(|_| anyhow::anyhow!("{what} waited on a lock held by an open transaction"))
+}
+
+/// Producer rule 1. A producer holding its append to stream S open does not stop vantage: the
+/// rows already claimed of S, A and B are completed and given back, new work on another stream
+/// is claimed and completed, the instance deregisters, and when the producer commits its event is
+/// claimable at once, first claim (nothing charged). Catches: lane bookkeeping written by the
+/// producer (a lane row it locks until it commits: every completion, release and deregistration
+/// of that lane waits for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producers_open_transaction_does_not_stop_claims_completions_or_shutdown() -> TestResult {
+    let ctx = setup().await?;
+    let store = ctx.store.clone();
+    perspective(&store, "P1", &["*"]).await?;
+    let (s, a, b, c) = (
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+        Uuid::new_v4(),
+    );
+    for stream in [s, a, b] {
+        append(&store, stream, &["E", "E"]).await?;
+    }
+    let daemon = live_instance(&store).await?;
+    let claimed = store.claim_work(daemon, LEASE, 10, 10, None).await?;
+    assert_eq!(claimed.len(), 6);
+
+    let mut producer = producer_conn(&store, "5s").await?;
+    sqlx::query("BEGIN").execute(&mut *producer).await?;
+    append_on(&mut producer, s, 1).await?;
+
+    let of = |stream: Uuid| -> Vec<Uuid> {
+        claimed
+            .iter()
+            .filter(|r| r.stream_id == stream)
+            .map(|r| r.event_work_id)
+            .collect()
+    };
+    assert_eq!(
+        no_hang("a completion", store.complete(daemon, &of(a))).await??,
+        2
+    );
+    assert_eq!(
+        no_hang("a completion of S", store.complete(daemon, &of(s)[..1])).await??,
+        1
+    );
+    assert_eq!(
+        no_hang(
+            "a give-back of S",
+            store.release_started(daemon, &of(s)[1..])
+        )
+        .await??,
+        1
+    );
+    assert!(
+        no_hang(
+            "a failure of B",
+            store.record_failure(daemon, of(b)[0], "boom", Duration::ZERO)
+        )
+        .await??
+    );
+    append(&store, c, &["E"]).await?;
+    let next = no_hang("a claim", store.claim_work(daemon, LEASE, 10, 10, None)).await??;
+    assert!(
+        next.iter().any(|r| r.stream_id == c),
+        "new work on another stream is claimed: {next:?}"
+    );
+    no_hang("a completion", store.complete(daemon, &ids_of(&next))).await??;
+    no_hang("deregistration", store.deregister(daemon)).await??;
+
+    sqlx::query("COMMIT").execute(&mut *producer).await?;
+    let after = live_instance(&store).await?;
+    let rows = store.claim_work(after, LEASE, 10, 10, None).await?;
+    let held: Vec<&WorkRow> = rows.iter().filter(|r| r.stream_id == s).collect();
+    assert_eq!(
+        held.iter().map(|r| r.stream_version).collect::<Vec<_>>(),
+        vec![3],
+        "the held append is claimable once committed: {rows:?}"
+    );
+    assert_eq!(held[0].attempts, 1, "nothing was charged for the wait");
+    Ok(())
+}
+
+/// Producer rule 2. While vantage holds its own transactions open on a stream's lane (a failed
+/// head being settled in a batch that is still running; a rebuild re-queueing the history of
+/// the stream), an append to that stream does not wait: the producer's lock_timeout is 200 ms,
+/// so a wait for either fails it. Catches: a fan-out that upserts the lane row (waits for the failure's
+/// or the re-queue's lock on it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_never_waits_for_a_failing_head_or_a_rebuild() -> TestResult {
+    let ctx = setup().await?;
+    let store = ctx.store.clone();
+    perspective(&store, "P1", &["*"]).await?;
+    let failing = Uuid::new_v4();
+    let rebuilt = Uuid::new_v4();
+    append(&store, failing, &["E", "E"]).await?;
+    append(&store, rebuilt, &["E", "E"]).await?;
+    let daemon = live_instance(&store).await?;
+    let claimed = store.claim_work(daemon, LEASE, 10, 10, None).await?;
+    let head = claimed
+        .iter()
+        .find(|r| r.stream_id == failing && r.stream_version == 1)
+        .expect("the failing head")
+        .event_work_id;
+    let behind = claimed
+        .iter()
+        .find(|r| r.stream_id == failing && r.stream_version == 2)
+        .expect("the row behind")
+        .event_work_id;
+
+    // The careful pass: the head's failure and the give-back of the row behind it, in the
+    // batch's transaction, which stays open while the pass goes on.
+    let mut batch = store.pool().begin().await?;
+    assert!(vantage::store::record_failure_in(&mut *batch, daemon, head, "boom", LEASE).await?);
+    vantage::store::release_started_in(&mut *batch, daemon, &[behind]).await?;
+    let mut producer = producer_conn(&store, "200ms").await?;
+    append_on(&mut producer, failing, 1)
+        .await
+        .map_err(|e| anyhow::anyhow!("an append to a failing lane waited: {e}"))?;
+    batch.commit().await?;
+
+    // A rebuild's re-queue of the perspective's history, not yet committed.
+    sqlx::query("DELETE FROM wh_perspective_events WHERE stream_id = $1")
+        .bind(rebuilt)
+        .execute(store.pool())
+        .await?;
+    let mut rebuild = store.pool().begin().await?;
+    let up_to: i64 = sqlx::query_scalar("SELECT max(global_position) FROM wh_event_store")
+        .fetch_one(&mut *rebuild)
+        .await?;
+    let (queued, _) =
+        vantage::store::requeue_history_batch_in(&mut rebuild, "P1", 0, up_to, 1000).await?;
+    assert_eq!(queued, 2, "the rebuilt stream's history is queued again");
+    append_on(&mut producer, rebuilt, 1)
+        .await
+        .map_err(|e| anyhow::anyhow!("an append during a rebuild waited: {e}"))?;
+    rebuild.commit().await?;
+    Ok(())
+}
+
+/// Producer rule 3. REPEATABLE READ and SERIALIZABLE producers that took their snapshot before a
+/// claim touched their stream's lane still append: 0 serialization failures caused by vantage.
+/// Catches: a fan-out that updates a row a claim updated after the producer's snapshot (40001,
+/// "could not serialize access due to concurrent update").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeatable_read_and_serializable_producers_never_fail_because_of_a_claim() -> TestResult {
+    let ctx = setup().await?;
+    let store = ctx.store.clone();
+    perspective(&store, "P1", &["*"]).await?;
+    let daemon = live_instance(&store).await?;
+    for isolation in ["REPEATABLE READ", "SERIALIZABLE"] {
+        for round in 0..20 {
+            let stream = Uuid::new_v4();
+            append(&store, stream, &["E"]).await?;
+            let mut producer = producer_conn(&store, "5s").await?;
+            sqlx::query(&format!("BEGIN ISOLATION LEVEL {isolation}"))
+                .execute(&mut *producer)
+                .await?;
+            // The producer's snapshot, taken before the claim below.
+            sqlx::query("SELECT count(*) FROM wh_event_store")
+                .execute(&mut *producer)
+                .await?;
+            // The claim leases the lane's head (and writes the lane's hint) after that snapshot.
+            let rows = store.claim_work(daemon, LEASE, 100, 100, None).await?;
+            assert!(rows.iter().any(|r| r.stream_id == stream));
+            append_on(&mut producer, stream, 1).await.map_err(|e| {
+                anyhow::anyhow!("{isolation} producer, round {round}: the append failed: {e}")
+            })?;
+            sqlx::query("COMMIT")
+                .execute(&mut *producer)
+                .await
+                .map_err(|e| anyhow::anyhow!("{isolation} producer, round {round}: {e}"))?;
+            store.complete(daemon, &ids_of(&rows)).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Producer rule 4 (no stale hint). A claim holding a lane writes the hint it read before the
+/// head's holder failed it with a 1 s backoff ("due when that lease expires", a minute away);
+/// the failure must still leave the lane due at its backoff. The claim is played by hand (its
+/// lock, then its stale write), so the interleaving is exact: the failure runs while the lane is
+/// locked, and the stale hint is written after the failure's change. Catches: a failure that
+/// lowers the hint only if it is later than the backoff as the failure's snapshot saw it (no
+/// wait for the lock: the claim's stale hint overwrites it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_head_is_due_at_its_backoff_even_after_a_racing_claims_stale_hint() -> TestResult {
+    let ctx = setup().await?;
+    let store = ctx.store.clone();
+    perspective(&store, "P1", &["*"]).await?;
+    let stream = Uuid::new_v4();
+    append(&store, stream, &["E"]).await?;
+    let holder = live_instance(&store).await?;
+    let rows = store.claim_work(holder, LEASE, 10, 10, None).await?;
+    assert_eq!(rows.len(), 1);
+    let head = rows[0].event_work_id;
+    // The lane looks due (hints may be early), as when a claimer picks it.
+    sqlx::query("UPDATE wh_perspective_lanes SET due_at = now() - interval '1 second'")
+        .execute(store.pool())
+        .await?;
+
+    // The claimer: takes the lane's lock and reads the head, leased by `holder` for a minute.
+    let mut claimer = store.pool().begin().await?;
+    sqlx::query(
+        "SELECT 1 FROM wh_perspective_lanes WHERE stream_id = $1 AND perspective_name = 'P1' \
+         FOR UPDATE SKIP LOCKED",
+    )
+    .bind(stream)
+    .execute(&mut *claimer)
+    .await?;
+    let stale: DateTime<Utc> = sqlx::query_scalar(
+        "SELECT lease_expiry FROM wh_perspective_events WHERE event_work_id = $1",
+    )
+    .bind(head)
+    .fetch_one(&mut *claimer)
+    .await?;
+
+    // The holder fails the head with a 1 s backoff, while the claimer holds the lane.
+    let failure = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .record_failure(holder, head, "boom", Duration::from_secs(1))
+                .await
+        })
+    };
+    // Wait until the failure has either finished or is waiting for the lane's lock.
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock' \
+               AND query LIKE '%record_perspective_event_failure%'",
+        )
+        .fetch_one(store.pool())
+        .await?;
+        if waiting > 0 || failure.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The claimer writes the hint it computed from its read, and commits.
+    sqlx::query(
+        "UPDATE wh_perspective_lanes SET due_at = $2, holder = $3 \
+         WHERE stream_id = $1 AND perspective_name = 'P1'",
+    )
+    .bind(stream)
+    .bind(stale)
+    .bind(holder.0)
+    .execute(&mut *claimer)
+    .await?;
+    claimer.commit().await?;
+    assert!(failure.await??, "the holder's failure is recorded");
+
+    let (due, scheduled): (DateTime<Utc>, DateTime<Utc>) = sqlx::query_as(
+        "SELECT l.due_at, pe.scheduled_for FROM wh_perspective_lanes l \
+         JOIN wh_perspective_events pe ON pe.stream_id = l.stream_id \
+                                       AND pe.perspective_name = l.perspective_name \
+         WHERE l.stream_id = $1",
+    )
+    .bind(stream)
+    .fetch_one(store.pool())
+    .await?;
+    assert!(
+        due <= scheduled,
+        "the lane is due at the head's backoff ({scheduled}), not at the stale hint ({due})"
+    );
+    // And a claim once the backoff has passed takes it (no waiting for the old lease).
+    loop {
+        let passed: bool = sqlx::query_scalar(
+            "SELECT scheduled_for <= now() FROM wh_perspective_events WHERE event_work_id = $1",
+        )
+        .bind(head)
+        .fetch_one(store.pool())
+        .await?;
+        if passed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let other = live_instance(&store).await?;
+    let again = store.claim_work(other, LEASE, 10, 10, None).await?;
+    assert_eq!(
+        ids_of(&again),
+        vec![head],
+        "re-claimed right after its backoff"
+    );
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// The baseline and its live text
+// ------------------------------------------------------------------------------------------
+
+/// Every function, trigger, table (columns and storage options), constraint and index of a
+/// freshly migrated schema, as the server prints them, sorted: the current text of the schema,
+/// in one file (tests/golden/schema.sql), so a migration that redefines a function shows its live
+/// text in one reviewed diff. `UPDATE_GOLDEN=1 cargo test --test sql_contract the_live_schema`
+/// rewrites the file after review.
+#[tokio::test]
+async fn the_live_schema_is_the_golden_one() -> TestResult {
+    let ctx = setup().await?;
+    let parts: Vec<String> = sqlx::query_scalar(
+        r#"
+        WITH s AS (SELECT 'vantage'::regnamespace AS ns)
+        SELECT part FROM (
+            SELECT 1 AS kind, c.relname AS name,
+                   format(E'-- table %s%s\nCREATE TABLE %s (\n%s\n);', c.relname,
+                          coalesce(' WITH (' || array_to_string(c.reloptions, ', ') || ')', ''),
+                          c.relname,
+                          (SELECT string_agg(format('    %I %s%s%s%s', a.attname,
+                                                    format_type(a.atttypid, a.atttypmod),
+                                                    CASE WHEN a.attnotnull THEN ' NOT NULL' ELSE '' END,
+                                                    coalesce(' DEFAULT ' || pg_get_expr(d.adbin, d.adrelid), ''),
+                                                    CASE a.attidentity
+                                                        WHEN 'a' THEN ' GENERATED ALWAYS AS IDENTITY'
+                                                        WHEN 'd' THEN ' GENERATED BY DEFAULT AS IDENTITY'
+                                                        ELSE '' END),
+                                             E',\n' ORDER BY a.attnum)
+                           FROM pg_attribute a
+                           LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+                           WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)) AS part
+            FROM pg_class c, s WHERE c.relnamespace = s.ns AND c.relkind = 'r'
+              AND c.relname <> '_sqlx_migrations'
+            UNION ALL
+            SELECT 2, conrelid::regclass::text || '.' || conname,
+                   format('-- constraint %s.%s%sALTER TABLE %s ADD CONSTRAINT %s %s;',
+                          conrelid::regclass, conname, E'\n', conrelid::regclass, conname,
+                          pg_get_constraintdef(oid))
+            FROM pg_constraint, s WHERE connamespace = s.ns
+              AND conrelid <> 'vantage._sqlx_migrations'::regclass
+            UNION ALL
+            SELECT 3, i.relname, format(E'-- index %s\n%s;', i.relname, pg_get_indexdef(i.oid))
+            FROM pg_class i JOIN pg_index x ON x.indexrelid = i.oid, s
+            WHERE i.relnamespace = s.ns AND NOT x.indisprimary
+              AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = i.oid)
+              AND x.indrelid <> 'vantage._sqlx_migrations'::regclass
+            UNION ALL
+            SELECT 4, p.oid::regprocedure::text,
+                   format(E'-- function %s\n%s;', p.oid::regprocedure, pg_get_functiondef(p.oid))
+            FROM pg_proc p, s WHERE p.pronamespace = s.ns
+            UNION ALL
+            SELECT 5, t.tgname, format(E'-- trigger %s\n%s;', t.tgname, pg_get_triggerdef(t.oid))
+            FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid, s
+            WHERE c.relnamespace = s.ns AND NOT t.tgisinternal
+        ) x
+        ORDER BY kind, name
+        "#,
+    )
+    .fetch_all(ctx.store.pool())
+    .await?;
+    let actual = parts.join("\n\n") + "\n";
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/schema.sql");
+    if std::env::var("UPDATE_GOLDEN").is_ok_and(|v| v == "1") {
+        std::fs::write(&path, &actual)?;
+        return Ok(());
+    }
+    let expected = std::fs::read_to_string(&path)?;
+    assert!(
+        actual == expected,
+        "the live schema differs from {} (a migration changed it: review the difference, then \
+         UPDATE_GOLDEN=1 rewrites the file). Live:\n{actual}",
+        path.display()
+    );
+    Ok(())
+}
+
+/// A database migrated by the builds before the baseline (migrations 0001 to 0014) is refused
+/// with a message saying what to do, not "checksum mismatch"; exit 78 (configuration). Catches:
+/// the baseline's versions silently taken as the old ones, or the old ones as newer.
+#[tokio::test]
+async fn a_database_migrated_before_the_baseline_is_refused() -> TestResult {
+    let db = common::fresh_database().await;
+    let store = connect(&db, "vantage").await?;
+    sqlx::raw_sql(
+        "CREATE SCHEMA vantage; \
+         CREATE TABLE vantage._sqlx_migrations (version bigint PRIMARY KEY, description text NOT NULL, \
+             installed_on timestamptz NOT NULL DEFAULT now(), success boolean NOT NULL, \
+             checksum bytea NOT NULL, execution_time bigint NOT NULL); \
+         INSERT INTO vantage._sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (1, 'tables', true, '\\x00', 1), (2, 'functions', true, '\\x00', 1), \
+                (14, 'fingerprint once per error', true, '\\x00', 1);",
+    )
+    .execute(store.pool())
+    .await?;
+    for result in [
+        store.migrate().await.map(|_| ()),
+        store.check_migrations().await,
+    ] {
+        let error = result.expect_err("a pre-baseline schema is refused");
+        assert!(
+            matches!(error, StoreError::PreBaseline(1)),
+            "refused as pre-baseline: {error}"
+        );
+        let message = error.to_string();
+        assert!(
+            message.contains("pre-release build") && message.contains("vantage migrate"),
+            "the message says what happened and what to do: {message}"
+        );
+    }
     Ok(())
 }

@@ -65,8 +65,10 @@ GRANT SELECT ON vantage.wh_event_store TO vantage_daemon;
 GRANT SELECT, INSERT, UPDATE ON vantage.wh_perspectives TO vantage_daemon;
 -- Work rows: claimed, renewed, failed and released (UPDATE), completed and dead-lettered (DELETE).
 GRANT SELECT, UPDATE, DELETE ON vantage.wh_perspective_events TO vantage_daemon;
--- The lane index (claims lock and update lanes; triggers on the work rows keep it; migration 0007).
+-- The lane index (claims lock, insert, update and delete lanes; triggers on the work rows
+-- keep it) and its wake-ups (claims fold and delete them), migrations/0003_lanes.sql.
 GRANT SELECT, INSERT, UPDATE, DELETE ON vantage.wh_perspective_lanes TO vantage_daemon;
+GRANT SELECT, INSERT, DELETE ON vantage.wh_lane_wakeups TO vantage_daemon;
 -- Instance registry: heartbeat (upsert), deregistration and dead-instance cleanup.
 GRANT SELECT, INSERT, UPDATE, DELETE ON vantage.wh_service_instances TO vantage_daemon;
 -- Dead letters: moved in (INSERT, or UPDATE when a requeued message is dead-lettered again).
@@ -92,8 +94,9 @@ GRANT SELECT, INSERT ON vantage.wh_event_store TO vantage_producer;
 -- The fan-out trigger reads the registry and inserts one work row per subscribed perspective.
 GRANT SELECT ON vantage.wh_perspectives TO vantage_producer;
 GRANT INSERT ON vantage.wh_perspective_events TO vantage_producer;
--- ... and a trigger upserts the lane of each new work row (INSERT ... ON CONFLICT DO UPDATE).
-GRANT SELECT, INSERT, UPDATE ON vantage.wh_perspective_lanes TO vantage_producer;
+-- ... and a trigger adds one wake-up per lane touched: an INSERT only. Producers never read
+-- or write the lane index itself, so nothing of vantage's can block or fail an append.
+GRANT INSERT ON vantage.wh_lane_wakeups TO vantage_producer;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA vantage TO vantage_producer;
 GRANT EXECUTE ON FUNCTION vantage.append_events TO vantage_producer;
 
@@ -103,6 +106,7 @@ GRANT EXECUTE ON FUNCTION vantage.append_events TO vantage_producer;
 GRANT vantage_daemon TO vantage_operator;
 -- ... plus re-inserting work rows: `dlq requeue` and `perspectives rebuild`.
 GRANT INSERT ON vantage.wh_perspective_events TO vantage_operator;
+GRANT INSERT ON vantage.wh_lane_wakeups TO vantage_operator;
 -- `perspectives rebuild` also runs the perspective's reset statement: grant it on the read
 -- model, e.g.  GRANT TRUNCATE ON public.order_summary TO vantage_operator;
 

@@ -33,6 +33,7 @@ pub fn for_store_error(e: &StoreError) -> i32 {
         StoreError::SchemaNewer(_)
         | StoreError::SchemaBehind(_)
         | StoreError::MigrationChanged(_)
+        | StoreError::PreBaseline(_)
         | StoreError::MigratePrivilege { .. }
         | StoreError::InvalidUrl(_)
         | StoreError::AuthenticationFailed { .. }

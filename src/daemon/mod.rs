@@ -8,6 +8,7 @@
 mod background;
 mod consumer;
 mod listener;
+mod reconcile;
 
 pub use background::{Activator, TaskStatus};
 
@@ -400,6 +401,13 @@ impl Tasks {
                 },
             );
         }
+        driver.spawn(
+            "lane-reconciliation",
+            reconcile::LaneReconciliation::PERIOD,
+            // The start-up pass walks every lane once; give it time on a large backlog.
+            Duration::from_secs(600),
+            reconcile::LaneReconciliation::new(b.store.clone()),
+        );
         driver.spawn(
             "sampler",
             Sampler::PERIOD,

@@ -511,7 +511,7 @@ impl BenchStore {
     // ---------------------------------------------------------------------------------------
     // Claim latency and plans
 
-    /// One claim as the daemon's claim stage issues it (`claim_perspective_work`), for an
+    /// One claim as the daemon's claim stage issues it (`get_stream_events`), for an
     /// instance registered inside a transaction that is rolled back, so the backlog is unchanged.
     /// Returns (rows claimed, elapsed).
     pub async fn timed_claim(
@@ -524,7 +524,7 @@ impl BenchStore {
         let holder = register_in(&mut tx).await?;
         let started = std::time::Instant::now();
         let rows: i64 = sqlx::query_scalar(
-            "/* vantage-bench */ SELECT count(*) FROM claim_perspective_work($1, 60, $2, $3, $4)",
+            "/* vantage-bench */ SELECT count(*) FROM get_stream_events($1, NULL, 60, $4, $3, $2)",
         )
         .bind(holder)
         .bind(max_streams)
@@ -537,7 +537,7 @@ impl BenchStore {
         Ok((rows as usize, elapsed))
     }
 
-    /// `EXPLAIN (ANALYZE, BUFFERS)` of one `claim_perspective_work` call (rolled back): the
+    /// `EXPLAIN (ANALYZE, BUFFERS)` of one `get_stream_events` call (rolled back): the
     /// function scan's buffers include every statement inside it.
     pub async fn explain_claim(
         &self,
@@ -549,7 +549,7 @@ impl BenchStore {
         let holder = register_in(&mut tx).await?;
         let lines: Vec<String> = sqlx::query_scalar(
             "/* vantage-bench */ EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) SELECT * \
-             FROM claim_perspective_work($1, 60, $2, $3, $4)",
+             FROM get_stream_events($1, NULL, 60, $4, $3, $2)",
         )
         .bind(holder)
         .bind(max_streams)

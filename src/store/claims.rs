@@ -112,9 +112,10 @@ fn lease_seconds(lease: Duration) -> i32 {
 }
 
 impl Store {
-    /// The daemon's claim: takes up to `max_lanes` due lanes from the lane index and leases the
-    /// claimable prefix of each (`max_rows` rows in all), returning the rows raw, ordered by
-    /// stream, perspective, stream_version (`claim_perspective_work`).
+    /// The daemon's claim, one call per batch: `get_stream_events` with no stream list takes up
+    /// to `max_lanes` due lanes from the lane index (orphaned ones included: expired leases,
+    /// dead holders) and leases the claimable prefix of each (`max_rows` rows in all), returning
+    /// the rows raw, ordered by stream, perspective, stream_version.
     pub async fn claim_work(
         &self,
         instance: InstanceId,
@@ -126,13 +127,13 @@ impl Store {
         sqlx::query_as::<_, WorkRow>(concat!(
             "SELECT ",
             work_row_columns!(),
-            " FROM claim_perspective_work($1, $2, $3, $4, $5)"
+            " FROM get_stream_events($1, NULL, $2, $3, $4, $5)"
         ))
         .bind(instance.0)
         .bind(lease_seconds(lease))
-        .bind(max_lanes.min(i32::MAX as u32) as i32)
-        .bind(max_rows.min(i32::MAX as u32) as i32)
         .bind(perspectives)
+        .bind(max_rows.min(i32::MAX as u32) as i32)
+        .bind(max_lanes.min(i32::MAX as u32) as i32)
         .fetch_all(&self.pool)
         .await
         .map_err(map_db_error)
@@ -271,8 +272,11 @@ impl Store {
             .as_millis()
             .clamp(1, i32::MAX as u128)
             .to_string();
+        // (the perspective's statements may wait for locks of the read model as long as they may
+        // run; the pool's LOCK_TIMEOUT is for vantage's own statements)
         let pid: i32 = sqlx::query_scalar(
-            "SELECT pg_backend_pid() FROM set_config('statement_timeout', $1, true)",
+            "SELECT pg_backend_pid() FROM set_config('statement_timeout', $1, true) s, \
+             set_config('lock_timeout', $1, true) l",
         )
         .bind(millis)
         .fetch_one(&mut *tx)

@@ -12,6 +12,7 @@ mod dead_letters;
 pub mod dry_run;
 mod events;
 mod instances;
+mod lanes;
 mod memory;
 mod operator;
 mod status;
@@ -35,6 +36,7 @@ pub use events::{
     AppendedEvent, NewEvent, PerspectiveRecord, StoredEvent,
 };
 pub use instances::{InstanceInfo, LiveInstance};
+pub use lanes::{LaneCursor, LaneRepairs};
 pub use memory::{MemoryStore, MemoryTx, MemoryWork};
 pub use status::{PerspectiveStatus, StoreGauges};
 pub use triage::{BlockedLane, BlockedTotals, ErrorGroup, PauseState, QUARANTINE_BY};
@@ -49,6 +51,13 @@ use uuid::Uuid;
 
 /// The migrations of this binary, embedded at build time.
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// How long any statement vantage issues may wait for a lock before it fails (SQLSTATE 55P03),
+/// set on every connection of the pool. vantage's own waits are for its own short transactions
+/// (a claim holding a lane, another settle of the same row), well inside this; nothing of ours
+/// ever waits for a producer. A batch's statements get `worker.apply_timeout` instead, as their
+/// `statement_timeout` bounds them already; a rebuild sets its own bound.
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The channel producers notify (in the same transaction as the append) when work is added.
 pub const WORK_CHANNEL: &str = "vantage_work";
@@ -115,6 +124,10 @@ pub enum StoreError {
     /// The schema has migrations still to apply.
     #[error("the database schema is not migrated (pending migration {0}); run `vantage migrate`")]
     SchemaBehind(i64),
+    /// The database was migrated by a build from before the baseline (migrations 0001–0014 of
+    /// the unreleased versions), which this binary cannot upgrade.
+    #[error("the database schema was migrated by a pre-release build of vantage (its migration {0} is one of the fourteen the baseline replaced); this build cannot upgrade it: drop the schema (DROP SCHEMA ... CASCADE, after saving any event store data you need) and run `vantage migrate` again")]
+    PreBaseline(i64),
     /// A migration applied to the database differs from the one built into this binary.
     #[error("migration {0} applied to this database differs from the one built into this binary (checksum mismatch): the database was migrated by another build of vantage; run that build, or restore its migration files and rebuild")]
     MigrationChanged(i64),
@@ -235,7 +248,15 @@ impl StoreOptions {
                 .map_err(|e| StoreError::InvalidUrl(e.to_string()))?,
             None => PgConnectOptions::new(),
         };
-        let mut options = vec![("search_path".to_string(), self.schema.clone())];
+        let mut options = vec![
+            ("search_path".to_string(), self.schema.clone()),
+            // No statement of ours waits without bound on a lock (a producer's, an operator's
+            // session, a migration's): see LOCK_TIMEOUT.
+            (
+                "lock_timeout".to_string(),
+                LOCK_TIMEOUT.as_millis().to_string(),
+            ),
+        ];
         if let Some(idle) = self.idle_in_transaction_timeout {
             let millis = idle.as_millis().clamp(1, i32::MAX as u128);
             options.push((
@@ -434,7 +455,10 @@ impl Store {
     /// none unknown to it is.
     pub async fn check_migrations(&self) -> Result<(), StoreError> {
         let applied = self.applied_migrations().await?;
-        for (v, _) in &applied {
+        if let Some(v) = pre_baseline(&applied) {
+            return Err(StoreError::PreBaseline(v));
+        }
+        for (v, _, _) in &applied {
             if !MIGRATOR.iter().any(|m| m.version == *v) {
                 return Err(StoreError::SchemaNewer(*v));
             }
@@ -443,9 +467,9 @@ impl Store {
             if !m.migration_type.is_up_migration() {
                 continue;
             }
-            match applied.iter().find(|(v, _)| *v == m.version) {
+            match applied.iter().find(|(v, _, _)| *v == m.version) {
                 None => return Err(StoreError::SchemaBehind(m.version)),
-                Some((_, checksum)) if checksum.as_slice() != &*m.checksum => {
+                Some((_, _, checksum)) if checksum.as_slice() != &*m.checksum => {
                     return Err(StoreError::MigrationChanged(m.version))
                 }
                 Some(_) => {}
@@ -479,12 +503,12 @@ impl Store {
             .applied_migrations()
             .await?
             .into_iter()
-            .map(|(v, _)| v)
+            .map(|(v, _, _)| v)
             .collect())
     }
 
-    /// Version and checksum of every successfully applied migration.
-    async fn applied_migrations(&self) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
+    /// Version, description and checksum of every successfully applied migration.
+    async fn applied_migrations(&self) -> Result<Vec<(i64, String, Vec<u8>)>, StoreError> {
         let exists: bool = sqlx::query_scalar(
             "SELECT to_regclass(quote_ident($1) || '._sqlx_migrations') IS NOT NULL",
         )
@@ -495,7 +519,7 @@ impl Store {
             return Ok(Vec::new());
         }
         Ok(sqlx::query_as(
-            "SELECT version, checksum FROM _sqlx_migrations WHERE success ORDER BY version",
+            "SELECT version, description, checksum FROM _sqlx_migrations WHERE success ORDER BY version",
         )
         .fetch_all(&self.pool)
         .await?)
@@ -511,6 +535,39 @@ impl Store {
     pub async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// The fourteen migrations the baseline replaced (version, description), as sqlx recorded them.
+const PRE_BASELINE: [(i64, &str); 14] = [
+    (1, "tables"),
+    (2, "functions"),
+    (3, "rebuild and dead letters"),
+    (4, "exact refunds and real clock"),
+    (5, "batched sql apply"),
+    (6, "no lease after deregistration"),
+    (7, "lane heads"),
+    (8, "triage"),
+    (9, "cached statement plans"),
+    (10, "batched dead letter moves"),
+    (11, "quarantine"),
+    (12, "inlined statements"),
+    (13, "lane bookkeeping"),
+    (14, "fingerprint once per error"),
+];
+
+/// The first applied migration that is one of those the baseline replaced: its version and
+/// description are an old one's and its checksum is not ours (two descriptions, `tables` and
+/// `triage`, are also baseline names; their text differs).
+fn pre_baseline(applied: &[(i64, String, Vec<u8>)]) -> Option<i64> {
+    applied.iter().find_map(|(v, description, checksum)| {
+        let old = PRE_BASELINE
+            .iter()
+            .any(|(ov, od)| ov == v && od == description);
+        let ours = MIGRATOR
+            .iter()
+            .any(|m| m.version == *v && &*m.checksum == checksum.as_slice());
+        (old && !ours).then_some(*v)
+    })
 }
 
 const PIN_SEARCH_PATH: &str = r#"

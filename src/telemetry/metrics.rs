@@ -40,6 +40,9 @@ pub const PERSPECTIVE_PAUSED: &str = "vantage_perspective_paused";
 /// Counter: times this instance paused the perspective because its dead letters reached
 /// `quarantine_after`, label `perspective`.
 pub const PERSPECTIVE_QUARANTINES_TOTAL: &str = "vantage_perspective_quarantines_total";
+/// Counter: lanes with work but neither a lane-index row nor a wake-up, found and repaired by
+/// this instance's reconciliation (a data-only restore, a mistake), label `perspective`.
+pub const LANES_REPAIRED_TOTAL: &str = "vantage_lanes_repaired_total";
 /// Gauge (always 1): build information, label `version`.
 pub const BUILD_INFO: &str = "vantage_build_info";
 
@@ -70,6 +73,7 @@ pub const ALL: &[&str] = &[
     BLOCKED_EVENTS,
     PERSPECTIVE_PAUSED,
     PERSPECTIVE_QUARANTINES_TOTAL,
+    LANES_REPAIRED_TOTAL,
     BUILD_INFO,
 ];
 
@@ -169,6 +173,11 @@ pub fn describe_all() {
         Unit::Count,
         "Times this instance paused the perspective because its dead letters reached perspectives.quarantine_after."
     );
+    describe_counter!(
+        LANES_REPAIRED_TOTAL,
+        Unit::Count,
+        "Lanes with work that the lane index had lost (no lane row, no wake-up), repaired by reconciliation."
+    );
     describe_gauge!(
         BUILD_INFO,
         "Build information (always 1), labelled with the version."
@@ -195,6 +204,7 @@ pub fn register_zeroes(perspectives: &[String]) {
             COOLDOWN_SKIPS_TOTAL,
             LEASE_TAKEOVERS_TOTAL,
             PERSPECTIVE_QUARANTINES_TOTAL,
+            LANES_REPAIRED_TOTAL,
         ] {
             metrics::counter!(name, LABEL_PERSPECTIVE => p.clone()).increment(0);
         }

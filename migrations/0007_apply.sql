@@ -1,39 +1,40 @@
--- vantage schema, part 12: the batched apply runs each statement inside the dispatcher itself.
+-- vantage baseline, part 7 of 9: applying SQL perspectives in the database.
 --
--- Since 0009 each distinct plain-write statement was a PL/pgSQL function of its own, and the
--- dispatcher called it once per event (PERFORM pg_temp.vantage_statement_…(…)): one more
--- executor start and end and one more PL/pgSQL call frame per event, about a third of the
--- apply's server time for a one-line upsert (issue 9; BENCHMARKS.md run 7). Now the dispatcher
--- holds the statements themselves, verbatim, one per CASE branch, and its first seven
--- parameters are the statements' $1 … $7 (unnamed, typed as before: jsonb, uuid, uuid, text,
--- bigint, int, jsonb); for each event it assigns those the statements mention from the arrays
--- and runs the event's statement, whose plan PL/pgSQL caches for the session as before. The
--- semantics are those of 0005 and 0009: same parameters and types, same order, same
--- transaction, each statement sees the effects of the ones before it, the first error fails the
--- call.
---
--- What stays on EXECUTE (per event, with the same seven parameters) is what was there before:
--- statements that return rows, sessions that may not create temporary objects, sessions that
--- already hold 16 dispatchers; and also a plain write that mentions a parameter beyond $7
--- (it fails on EXECUTE as it failed before, instead of reading the dispatcher's arrays).
--- Parameters the batch's statements never mention may be sent as NULL arrays (the daemon does
--- that: payloads no statement reads are not sent at all); their elements are then NULL.
+-- A batch of one perspective's events runs through one call: apply_and_complete_perspective_events
+-- executes each event's statement (parameters $1 data, $2 stream, $3 event id, $4 type,
+-- $5 global position, $6 version, $7 metadata) and completes the work rows, in the caller's
+-- transaction, so effects and completion commit together (exactly once). A session compiles
+-- the batch's statements into a temporary dispatcher function once (at most 16 per session) and
+-- reuses it; a statement that is not a plain write runs through EXECUTE. Parameters no
+-- statement mentions are never assigned. The dry run of a replay reads a read-model row by its
+-- primary key (wh_read_model_row) to show what would change.
 
--- Whether a statement mentions a parameter beyond $7 ($8, $10, $007 …: any $ followed by digits
--- whose value is more than 7). Conservative: a "$8" inside a string literal counts too, which
--- only costs speed (EXECUTE).
+-- A single INSERT/UPDATE/DELETE/MERGE without RETURNING: inlined into the dispatcher.
+CREATE FUNCTION wh_statement_is_plain_write(p_statement text)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE
+AS $$
+    SELECT p_statement ~* '^\s*(insert|update|delete|merge)\s'
+       AND p_statement !~* 'returning'
+       AND regexp_replace(p_statement, '[\s;]+$', '') !~ ';';
+$$;
+
+-- $8 and above are the dispatcher's own: such a statement runs through EXECUTE.
 CREATE FUNCTION wh_statement_mentions_extra_params(p_statement text)
-RETURNS boolean
-LANGUAGE sql IMMUTABLE AS $$
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE
+AS $$
     SELECT p_statement ~ '\$0*([89]|[1-9][0-9])';
 $$;
 
--- The name of this session's dispatcher for p_statements, created on first use; NULL when the
--- statements must go through EXECUTE one by one (see 0009). Dispatchers of 0009 (named
--- vantage_apply_…) a session created before this migration are no longer used.
-CREATE OR REPLACE FUNCTION wh_statement_dispatcher(p_statements text[])
-RETURNS text
-LANGUAGE plpgsql AS $$
+-- The session's dispatcher for a statement list (created once; NULL past the cap or without
+-- the privilege to create temporary functions, and the caller falls back to EXECUTE).
+CREATE FUNCTION wh_statement_dispatcher(p_statements text[])
+ RETURNS text
+ LANGUAGE plpgsql
+AS $$
 DECLARE
     v_name  text := 'vantage_apply_inline_' || md5(array_to_string(p_statements, E'\n;\n--vantage--\n'));
     v_count int := coalesce(nullif(current_setting('vantage.apply_dispatchers', true), '')::int, 0);
@@ -94,18 +95,11 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION apply_perspective_statements(
-    p_statements text[],
-    p_statement int[],
-    p_data jsonb[],
-    p_stream_id uuid[],
-    p_event_id uuid[],
-    p_event_type text[],
-    p_global_position bigint[],
-    p_stream_version int[],
-    p_metadata jsonb[])
-RETURNS int
-LANGUAGE plpgsql AS $$
+-- Runs each event's statement, in order.
+CREATE FUNCTION apply_perspective_statements(p_statements text[], p_statement integer[], p_data jsonb[], p_stream_id uuid[], p_event_id uuid[], p_event_type text[], p_global_position bigint[], p_stream_version integer[], p_metadata jsonb[])
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $$
 DECLARE
     v_n          int := coalesce(cardinality(p_statement), 0);
     v_dispatcher text;
@@ -131,3 +125,51 @@ BEGIN
 END
 $$;
 
+-- The daemon's batch: statements, then the fenced completion, in one call.
+CREATE FUNCTION apply_and_complete_perspective_events(p_instance_id uuid, p_event_work_ids uuid[], p_statements text[], p_statement integer[], p_data jsonb[], p_stream_id uuid[], p_event_id uuid[], p_event_type text[], p_global_position bigint[], p_stream_version integer[], p_metadata jsonb[])
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM apply_perspective_statements(p_statements, p_statement, p_data, p_stream_id,
+                                         p_event_id, p_event_type, p_global_position,
+                                         p_stream_version, p_metadata);
+    RETURN complete_perspective_events(p_instance_id, p_event_work_ids);
+END
+$$;
+
+-- The primary key columns of a read-model table (for the dry run).
+CREATE FUNCTION wh_primary_key(p_table regclass)
+ RETURNS text[]
+ LANGUAGE sql
+ STABLE
+AS $$
+    SELECT array_agg(a.attname::text ORDER BY k.ord)
+    FROM pg_index i
+    CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+    JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+    WHERE i.indrelid = p_table AND i.indisprimary;
+$$;
+
+-- A read-model row, looked up by the primary key values in p_row (for the dry run).
+CREATE FUNCTION wh_read_model_row(p_table regclass, p_row jsonb)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ STABLE
+AS $$
+DECLARE
+    v_cols  text[] := wh_primary_key(p_table);
+    v_where text;
+    v_out   jsonb;
+BEGIN
+    IF v_cols IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT string_agg(format('t.%1$I IS NOT DISTINCT FROM k.%1$I', c), ' AND ') INTO v_where
+    FROM unnest(v_cols) AS c;
+    EXECUTE format('SELECT to_jsonb(t) FROM %s t, jsonb_populate_record(NULL::%s, $1) k WHERE %s',
+                   p_table, p_table, v_where)
+        INTO v_out USING p_row;
+    RETURN v_out;
+END
+$$;

@@ -1,0 +1,1789 @@
+-- table wh_dead_letter_history
+CREATE TABLE wh_dead_letter_history (
+    history_id bigint NOT NULL GENERATED ALWAYS AS IDENTITY,
+    dead_letter_id uuid NOT NULL,
+    kind text NOT NULL,
+    at timestamp with time zone NOT NULL DEFAULT now(),
+    actor text NOT NULL,
+    detail text
+);
+
+-- table wh_dead_letters
+CREATE TABLE wh_dead_letters (
+    dead_letter_id uuid NOT NULL,
+    source_table text NOT NULL,
+    source_id uuid NOT NULL,
+    stream_id uuid NOT NULL,
+    event_id uuid NOT NULL,
+    global_position bigint NOT NULL,
+    stream_version integer NOT NULL,
+    event_type text,
+    perspective_name text NOT NULL,
+    failure_reason text NOT NULL,
+    error_text text,
+    attempts_when_dlq integer NOT NULL,
+    failures_when_dlq integer NOT NULL,
+    dead_lettered_at timestamp with time zone NOT NULL DEFAULT now(),
+    dead_lettered_by uuid,
+    status text NOT NULL DEFAULT 'exhausted'::text,
+    status_changed_at timestamp with time zone NOT NULL DEFAULT now(),
+    error_fingerprint text
+);
+
+-- table wh_event_store
+CREATE TABLE wh_event_store (
+    global_position bigint NOT NULL GENERATED ALWAYS AS IDENTITY,
+    event_id uuid NOT NULL DEFAULT gen_random_uuid(),
+    stream_id uuid NOT NULL,
+    stream_version integer NOT NULL,
+    event_type text NOT NULL,
+    event_data jsonb NOT NULL DEFAULT '{}'::jsonb,
+    metadata jsonb NOT NULL DEFAULT '{}'::jsonb,
+    created_at timestamp with time zone NOT NULL DEFAULT now()
+);
+
+-- table wh_lane_wakeups WITH (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=1000)
+CREATE TABLE wh_lane_wakeups (
+    stream_id uuid NOT NULL,
+    perspective_name text NOT NULL
+);
+
+-- table wh_perspective_events WITH (fillfactor=70, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.05, autovacuum_analyze_scale_factor=0.02)
+CREATE TABLE wh_perspective_events (
+    event_work_id uuid NOT NULL DEFAULT gen_random_uuid(),
+    stream_id uuid NOT NULL,
+    event_id uuid NOT NULL,
+    global_position bigint NOT NULL,
+    stream_version integer NOT NULL,
+    perspective_name text NOT NULL,
+    attempts integer NOT NULL DEFAULT 0,
+    failures integer NOT NULL DEFAULT 0,
+    last_error text,
+    instance_id uuid,
+    lease_expiry timestamp with time zone,
+    scheduled_for timestamp with time zone NOT NULL DEFAULT now(),
+    created_at timestamp with time zone NOT NULL DEFAULT now(),
+    refundable boolean NOT NULL DEFAULT false
+);
+
+-- table wh_perspective_lanes WITH (fillfactor=50, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=500, autovacuum_analyze_scale_factor=0.02)
+CREATE TABLE wh_perspective_lanes (
+    stream_id uuid NOT NULL,
+    perspective_name text NOT NULL,
+    due_at timestamp with time zone NOT NULL DEFAULT now(),
+    holder uuid
+);
+
+-- table wh_perspectives
+CREATE TABLE wh_perspectives (
+    perspective_name text NOT NULL,
+    event_types text[] NOT NULL,
+    created_at timestamp with time zone NOT NULL DEFAULT now(),
+    updated_at timestamp with time zone NOT NULL DEFAULT now(),
+    paused_at timestamp with time zone,
+    paused_reason text,
+    paused_by text,
+    resumed_at timestamp with time zone
+);
+
+-- table wh_service_instances
+CREATE TABLE wh_service_instances (
+    instance_id uuid NOT NULL,
+    service_name text NOT NULL,
+    host_name text NOT NULL,
+    process_id integer NOT NULL,
+    version text NOT NULL,
+    started_at timestamp with time zone NOT NULL DEFAULT now(),
+    last_heartbeat_at timestamp with time zone NOT NULL DEFAULT now()
+);
+
+-- constraint wh_dead_letter_history.wh_dead_letter_history_dead_letter_id_fkey
+ALTER TABLE wh_dead_letter_history ADD CONSTRAINT wh_dead_letter_history_dead_letter_id_fkey FOREIGN KEY (dead_letter_id) REFERENCES wh_dead_letters(dead_letter_id);
+
+-- constraint wh_dead_letter_history.wh_dead_letter_history_kind_check
+ALTER TABLE wh_dead_letter_history ADD CONSTRAINT wh_dead_letter_history_kind_check CHECK ((kind = ANY (ARRAY['Exhausted'::text, 'ReplaySucceeded'::text, 'ReplayFailed'::text, 'Purged'::text, 'Requeued'::text])));
+
+-- constraint wh_dead_letter_history.wh_dead_letter_history_pkey
+ALTER TABLE wh_dead_letter_history ADD CONSTRAINT wh_dead_letter_history_pkey PRIMARY KEY (history_id);
+
+-- constraint wh_dead_letters.wh_dead_letters_pkey
+ALTER TABLE wh_dead_letters ADD CONSTRAINT wh_dead_letters_pkey PRIMARY KEY (dead_letter_id);
+
+-- constraint wh_dead_letters.wh_dead_letters_status_check
+ALTER TABLE wh_dead_letters ADD CONSTRAINT wh_dead_letters_status_check CHECK ((status = ANY (ARRAY['exhausted'::text, 'resolved'::text, 'purged'::text, 'requeued'::text])));
+
+-- constraint wh_event_store.wh_event_store_event_id_key
+ALTER TABLE wh_event_store ADD CONSTRAINT wh_event_store_event_id_key UNIQUE (event_id);
+
+-- constraint wh_event_store.wh_event_store_pkey
+ALTER TABLE wh_event_store ADD CONSTRAINT wh_event_store_pkey PRIMARY KEY (global_position);
+
+-- constraint wh_event_store.wh_event_store_stream_version_key
+ALTER TABLE wh_event_store ADD CONSTRAINT wh_event_store_stream_version_key UNIQUE (stream_id, stream_version);
+
+-- constraint wh_event_store.wh_event_store_stream_version_positive
+ALTER TABLE wh_event_store ADD CONSTRAINT wh_event_store_stream_version_positive CHECK ((stream_version > 0));
+
+-- constraint wh_perspective_events.wh_perspective_events_perspective_event_key
+ALTER TABLE wh_perspective_events ADD CONSTRAINT wh_perspective_events_perspective_event_key UNIQUE (perspective_name, event_id);
+
+-- constraint wh_perspective_events.wh_perspective_events_pkey
+ALTER TABLE wh_perspective_events ADD CONSTRAINT wh_perspective_events_pkey PRIMARY KEY (event_work_id);
+
+-- constraint wh_perspective_lanes.wh_perspective_lanes_pkey
+ALTER TABLE wh_perspective_lanes ADD CONSTRAINT wh_perspective_lanes_pkey PRIMARY KEY (stream_id, perspective_name);
+
+-- constraint wh_perspectives.wh_perspectives_pkey
+ALTER TABLE wh_perspectives ADD CONSTRAINT wh_perspectives_pkey PRIMARY KEY (perspective_name);
+
+-- constraint wh_service_instances.wh_service_instances_pkey
+ALTER TABLE wh_service_instances ADD CONSTRAINT wh_service_instances_pkey PRIMARY KEY (instance_id);
+
+-- index wh_dead_letter_history_letter_idx
+CREATE INDEX wh_dead_letter_history_letter_idx ON vantage.wh_dead_letter_history USING btree (dead_letter_id, at);
+
+-- index wh_dead_letters_open_fingerprint_idx
+CREATE INDEX wh_dead_letters_open_fingerprint_idx ON vantage.wh_dead_letters USING btree (error_fingerprint, global_position) INCLUDE (perspective_name, dead_lettered_at) WHERE (status = 'exhausted'::text);
+
+-- index wh_dead_letters_open_idx
+CREATE INDEX wh_dead_letters_open_idx ON vantage.wh_dead_letters USING btree (perspective_name, global_position) WHERE (status = 'exhausted'::text);
+
+-- index wh_dead_letters_position_idx
+CREATE INDEX wh_dead_letters_position_idx ON vantage.wh_dead_letters USING btree (global_position);
+
+-- index wh_dead_letters_recent_idx
+CREATE INDEX wh_dead_letters_recent_idx ON vantage.wh_dead_letters USING btree (perspective_name, dead_lettered_at);
+
+-- index wh_dead_letters_unpurged_message_key
+CREATE UNIQUE INDEX wh_dead_letters_unpurged_message_key ON vantage.wh_dead_letters USING btree (source_table, perspective_name, event_id) WHERE (status <> 'purged'::text);
+
+-- index wh_perspective_events_lane_idx
+CREATE INDEX wh_perspective_events_lane_idx ON vantage.wh_perspective_events USING btree (perspective_name, stream_id, stream_version);
+
+-- index wh_perspective_lanes_due_idx
+CREATE INDEX wh_perspective_lanes_due_idx ON vantage.wh_perspective_lanes USING btree (perspective_name, due_at);
+
+-- function append_events(uuid,integer,jsonb)
+CREATE OR REPLACE FUNCTION vantage.append_events(p_stream_id uuid, p_expected_version integer, p_events jsonb)
+ RETURNS TABLE(global_position bigint, event_id uuid, stream_version integer)
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_current int;
+BEGIN
+    IF p_stream_id IS NULL THEN
+        RAISE EXCEPTION 'append_events: stream id is required' USING ERRCODE = '22004';
+    END IF;
+    IF p_events IS NULL OR jsonb_typeof(p_events) <> 'array' THEN
+        RAISE EXCEPTION 'append_events: events must be a JSON array' USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_events) e
+               WHERE jsonb_typeof(e) <> 'object'
+                  OR jsonb_typeof(e -> 'event_type') IS DISTINCT FROM 'string'
+                  OR e ->> 'event_type' = '') THEN
+        RAISE EXCEPTION 'append_events: every event needs a non-empty string event_type'
+            USING ERRCODE = '22023';
+    END IF;
+
+    -- Serialise appenders of one stream; other streams are not blocked.
+    PERFORM pg_advisory_xact_lock(
+        ('x' || substr(md5('vantage:stream:' || p_stream_id::text), 1, 16))::bit(64)::bigint);
+
+    SELECT coalesce(max(s.stream_version), 0) INTO v_current
+    FROM wh_event_store s WHERE s.stream_id = p_stream_id;
+
+    IF p_expected_version IS NOT NULL AND p_expected_version <> v_current THEN
+        RAISE EXCEPTION 'stream % is at version %, expected version %',
+            p_stream_id, v_current, p_expected_version
+            USING ERRCODE = '40001';
+    END IF;
+
+    RETURN QUERY
+    INSERT INTO wh_event_store (event_id, stream_id, stream_version, event_type, event_data, metadata)
+    SELECT coalesce((e.value ->> 'event_id')::uuid, gen_random_uuid()),
+           p_stream_id,
+           v_current + e.ordinality::int,
+           e.value ->> 'event_type',
+           coalesce(e.value -> 'data', '{}'::jsonb),
+           coalesce(e.value -> 'metadata', '{}'::jsonb)
+    FROM jsonb_array_elements(p_events) WITH ORDINALITY AS e(value, ordinality)
+    ORDER BY e.ordinality
+    RETURNING global_position, event_id, stream_version;
+END
+$function$
+;
+
+-- function apply_and_complete_perspective_events(uuid,uuid[],text[],integer[],jsonb[],uuid[],uuid[],text[],bigint[],integer[],jsonb[])
+CREATE OR REPLACE FUNCTION vantage.apply_and_complete_perspective_events(p_instance_id uuid, p_event_work_ids uuid[], p_statements text[], p_statement integer[], p_data jsonb[], p_stream_id uuid[], p_event_id uuid[], p_event_type text[], p_global_position bigint[], p_stream_version integer[], p_metadata jsonb[])
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+BEGIN
+    PERFORM apply_perspective_statements(p_statements, p_statement, p_data, p_stream_id,
+                                         p_event_id, p_event_type, p_global_position,
+                                         p_stream_version, p_metadata);
+    RETURN complete_perspective_events(p_instance_id, p_event_work_ids);
+END
+$function$
+;
+
+-- function apply_perspective_statements(text[],integer[],jsonb[],uuid[],uuid[],text[],bigint[],integer[],jsonb[])
+CREATE OR REPLACE FUNCTION vantage.apply_perspective_statements(p_statements text[], p_statement integer[], p_data jsonb[], p_stream_id uuid[], p_event_id uuid[], p_event_type text[], p_global_position bigint[], p_stream_version integer[], p_metadata jsonb[])
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+DECLARE
+    v_n          int := coalesce(cardinality(p_statement), 0);
+    v_dispatcher text;
+BEGIN
+    IF v_n = 0 THEN
+        RETURN 0;
+    END IF;
+    v_dispatcher := wh_statement_dispatcher(p_statements);
+    IF v_dispatcher IS NOT NULL THEN
+        EXECUTE format('SELECT pg_temp.%I(NULL, NULL, NULL, NULL, NULL, NULL, NULL, '
+                       '$1, $2, $3, $4, $5, $6, $7, $8)', v_dispatcher)
+            INTO v_n
+            USING p_statement, p_data, p_stream_id, p_event_id, p_event_type,
+                  p_global_position, p_stream_version, p_metadata;
+        RETURN v_n;
+    END IF;
+    FOR i IN 1 .. v_n LOOP
+        EXECUTE p_statements[p_statement[i]]
+            USING p_data[i], p_stream_id[i], p_event_id[i], p_event_type[i],
+                  p_global_position[i], p_stream_version[i], p_metadata[i];
+    END LOOP;
+    RETURN v_n;
+END
+$function$
+;
+
+-- function claim_and_fetch_pending_perspective_events(uuid,text,uuid,integer,integer)
+CREATE OR REPLACE FUNCTION vantage.claim_and_fetch_pending_perspective_events(p_stream_id uuid, p_perspective_name text, p_instance_id uuid, p_lease_seconds integer, p_max_rows integer DEFAULT NULL::integer)
+ RETURNS TABLE(event_work_id uuid, event_id uuid, stream_version integer, attempts integer)
+ LANGUAGE sql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    SELECT g.event_work_id, g.event_id, g.stream_version, g.attempts
+    FROM get_stream_events(p_instance_id, ARRAY[p_stream_id], p_lease_seconds,
+                           ARRAY[p_perspective_name], p_max_rows) g
+    ORDER BY g.stream_version;
+$function$
+;
+
+-- function claim_orphaned_perspective_events(uuid,integer,integer,integer,text[])
+CREATE OR REPLACE FUNCTION vantage.claim_orphaned_perspective_events(p_instance_id uuid, p_lease_seconds integer, p_max_streams integer, p_max_rows integer, p_perspective_names text[] DEFAULT NULL::text[])
+ RETURNS TABLE(event_work_id uuid, stream_id uuid, perspective_name text)
+ LANGUAGE sql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    SELECT c.event_work_id, c.stream_id, c.perspective_name
+    FROM get_stream_events(p_instance_id, NULL, p_lease_seconds,
+                           p_perspective_names,
+                           greatest(coalesce(p_max_rows, p_max_streams), 0),
+                           least(greatest(p_max_streams, 0), greatest(coalesce(p_max_rows, p_max_streams), 0)),
+                           1) c;
+$function$
+;
+
+-- function cleanup_dead_instances(double precision)
+CREATE OR REPLACE FUNCTION vantage.cleanup_dead_instances(p_stale_seconds double precision)
+ RETURNS SETOF uuid
+ LANGUAGE sql
+ SET lock_timeout TO '5s'
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    DELETE FROM wh_service_instances si
+    WHERE si.last_heartbeat_at < now() - make_interval(secs => p_stale_seconds)
+    RETURNING si.instance_id;
+$function$
+;
+
+-- function complete_perspective_events(uuid,uuid[])
+CREATE OR REPLACE FUNCTION vantage.complete_perspective_events(p_instance_id uuid, p_event_work_ids uuid[])
+ RETURNS integer
+ LANGUAGE sql
+ SET lock_timeout TO '5s'
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    WITH done AS (
+        DELETE FROM wh_perspective_events pe
+        WHERE pe.event_work_id = ANY (p_event_work_ids)
+          AND pe.instance_id = p_instance_id
+        RETURNING 1)
+    SELECT count(*)::int FROM done;
+$function$
+;
+
+-- function deregister_instance(uuid)
+CREATE OR REPLACE FUNCTION vantage.deregister_instance(p_instance_id uuid)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET lock_timeout TO '2s'
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+DECLARE
+    v_released int;
+BEGIN
+    DELETE FROM wh_service_instances si WHERE si.instance_id = p_instance_id;
+    WITH mine AS (
+        SELECT pe.event_work_id
+        FROM wh_perspective_events pe
+        WHERE pe.instance_id = p_instance_id
+        ORDER BY pe.event_work_id
+        FOR UPDATE SKIP LOCKED),
+    released AS (
+        UPDATE wh_perspective_events pe
+        SET instance_id  = NULL,
+            lease_expiry = NULL,
+            attempts     = greatest(pe.attempts - CASE WHEN pe.refundable THEN 1 ELSE 0 END, 0),
+            refundable   = false
+        FROM mine
+        WHERE pe.event_work_id = mine.event_work_id
+        RETURNING 1)
+    SELECT count(*)::int INTO v_released FROM released;
+    RETURN v_released;
+END
+$function$
+;
+
+-- function get_stream_events(uuid,uuid[],integer,text[],integer,integer,integer)
+CREATE OR REPLACE FUNCTION vantage.get_stream_events(p_instance_id uuid, p_stream_ids uuid[], p_lease_seconds integer, p_perspective_names text[] DEFAULT NULL::text[], p_max_rows integer DEFAULT NULL::integer, p_max_lanes integer DEFAULT NULL::integer, p_per_lane integer DEFAULT NULL::integer)
+ RETURNS TABLE(event_work_id uuid, stream_id uuid, event_id uuid, perspective_name text, global_position bigint, stream_version integer, event_type text, event_data jsonb, metadata jsonb, attempts integer, failures integer)
+ LANGUAGE plpgsql
+ SET lock_timeout TO '5s'
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_names      text[];
+    v_name       text;
+    v_names_left int;
+    v_lanes_left int := greatest(coalesce(p_max_lanes, p_max_rows, 100), 0);
+    v_rows_left  int := greatest(coalesce(p_max_rows, p_max_lanes, 100), 0);
+    v_holders    uuid[];
+    v_alive      uuid[];
+    v_estimate   numeric := coalesce(p_per_lane, 50);
+    v_want       int;
+    v_quota      int;
+    v_round_s    uuid[];
+    v_round_p    text[];
+    v_got_s      uuid[];
+    v_got_p      text[];
+    v_c_id       uuid[];
+    v_c_s        uuid[];
+    v_c_p        text[];
+    v_c_v        int[];
+    v_c_tid      tid[];
+    v_u_id       uuid[];
+    v_u_event    uuid[];
+    v_u_gp       bigint[];
+    v_u_attempts int[];
+    v_u_failures int[];
+    v_gap        uuid[];
+    v_lock_timeout text;
+    v_take       uuid[];
+    v_taken      int;
+    v_all        uuid[] := '{}';
+    v_all_event  uuid[] := '{}';
+    v_all_gp     bigint[] := '{}';
+    v_all_attempts int[] := '{}';
+    v_all_failures int[] := '{}';
+    v_all_c_id   uuid[] := '{}';
+    v_all_c_s    uuid[] := '{}';
+    v_all_c_p    text[] := '{}';
+    v_all_c_v    int[] := '{}';
+    v_rounds     int := 0;
+    v_pass       int;
+BEGIN
+    -- Named streams: the contract's form for one caller's own streams (operators, tests).
+    IF p_stream_ids IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM wh_get_named_stream_events(
+            p_instance_id, p_stream_ids, p_lease_seconds, p_perspective_names, p_max_rows);
+        RETURN;
+    END IF;
+
+    v_names := wh_claimable_perspectives(p_perspective_names);
+    -- Only a registered instance claims, and it holds its row (KEY SHARE) until the claim
+    -- commits, so deregister_instance (which deletes that row first) waits for a claim under way
+    -- and no claim can lease anything for an instance that has deregistered.
+    PERFORM 1 FROM wh_service_instances si WHERE si.instance_id = p_instance_id FOR KEY SHARE;
+    IF NOT FOUND OR v_names IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- 0. New lanes and re-woken ones: what producers, requeues and rebuilds added (part 3).
+    PERFORM wh_fold_lane_wakeups(greatest(1000, v_lanes_left));
+
+    WHILE v_lanes_left > 0 AND v_rows_left > 0 AND v_rounds < 4 LOOP
+        v_rounds := v_rounds + 1;
+        v_want := least(v_lanes_left, greatest(1, ceil(v_rows_left / greatest(v_estimate, 1))))::int;
+
+        -- 1. Lock due lanes: a fair share per perspective (what one leaves goes to the next),
+        --    then, if some had fewer due lanes than their share, the rest from any of them.
+        v_round_s := '{}';
+        v_round_p := '{}';
+        FOR v_pass IN 1..2 LOOP
+            EXIT WHEN cardinality(v_round_s) >= v_want;
+            v_names_left := cardinality(v_names);
+            FOREACH v_name IN ARRAY v_names LOOP
+                v_quota := CASE WHEN v_pass = 1
+                    THEN ceil((v_want - cardinality(v_round_s))::numeric / v_names_left)::int
+                    ELSE v_want - cardinality(v_round_s) END;
+                v_names_left := v_names_left - 1;
+                CONTINUE WHEN v_quota <= 0;
+                SELECT array_agg(d.stream_id), array_agg(d.perspective_name)
+                INTO v_got_s, v_got_p
+                FROM (
+                    SELECT l.stream_id, l.perspective_name
+                    FROM wh_perspective_lanes l
+                    WHERE l.perspective_name = v_name AND l.due_at <= now()
+                      -- (our own locks are not skipped: leave out what we already hold)
+                      AND NOT (l.stream_id = ANY (v_round_s) AND l.perspective_name = ANY (v_round_p))
+                    ORDER BY l.due_at
+                    LIMIT v_quota
+                    FOR UPDATE SKIP LOCKED
+                ) d;
+                IF v_got_s IS NOT NULL THEN
+                    v_round_s := v_round_s || v_got_s;
+                    v_round_p := v_round_p || v_got_p;
+                END IF;
+            END LOOP;
+        END LOOP;
+        EXIT WHEN cardinality(v_round_s) = 0;
+        v_lanes_left := v_lanes_left - cardinality(v_round_s);
+
+        -- 2. Candidates: per lane, the leading rows that are claimable (bool_and over the lane
+        --    keeps only the prefix before the first blocked row), an even share of the budget
+        --    per lane (what short lanes leave is taken in the next round), ranked round-robin.
+        SELECT array_agg(c.event_work_id), array_agg(c.sid), array_agg(c.pname),
+               array_agg(c.stream_version), array_agg(c.row_tid)
+        INTO v_c_id, v_c_s, v_c_p, v_c_v, v_c_tid
+        FROM (
+            SELECT r.event_work_id, r.sid, r.pname, r.stream_version, r.row_tid
+            FROM (
+                SELECT w.event_work_id, k.sid, k.pname, w.stream_version, w.row_tid,
+                       row_number() OVER lane AS rn,
+                       bool_and(w.ok) OVER lane AS prefix_ok
+                FROM unnest(v_round_s, v_round_p) AS k(sid, pname)
+                CROSS JOIN LATERAL (
+                    SELECT pe.event_work_id, pe.stream_version, pe.ctid AS row_tid,
+                           CASE
+                               WHEN pe.instance_id IS NULL THEN pe.scheduled_for <= now()
+                               WHEN pe.lease_expiry < now() THEN true
+                               ELSE NOT EXISTS (SELECT 1 FROM wh_service_instances si
+                                                WHERE si.instance_id = pe.instance_id)
+                           END AS ok
+                    FROM wh_perspective_events pe
+                    WHERE pe.perspective_name = k.pname AND pe.stream_id = k.sid
+                    ORDER BY pe.stream_version
+                    LIMIT coalesce(p_per_lane,
+                                   ceil(v_rows_left::numeric / cardinality(v_round_s))::int)) w
+                WINDOW lane AS (PARTITION BY k.sid, k.pname ORDER BY w.stream_version)
+            ) r
+            WHERE r.prefix_ok
+            ORDER BY r.rn, r.sid, r.pname
+            LIMIT v_rows_left
+        ) c;
+
+        v_u_id := NULL;
+        IF v_c_id IS NOT NULL THEN
+            -- 3. Lease them, re-checked on the live rows (an old holder may have renewed,
+            --    completed or released one since our snapshot); attempts + 1 on takeover only.
+            --    Claimers never touch a lane without its lock, so the only rows that can be
+            --    locked here are an old holder's, briefly: wait for them a moment, and if that
+            --    is not enough (the holder may be waiting for the lane lock we hold), lock what
+            --    can be locked without waiting instead.
+            v_lock_timeout := current_setting('lock_timeout');
+            PERFORM set_config('lock_timeout', '50ms', true);
+            BEGIN
+                WITH leased AS (
+                    UPDATE wh_perspective_events pe
+                    SET instance_id  = p_instance_id,
+                        lease_expiry = clock_timestamp() + make_interval(secs => p_lease_seconds),
+                        attempts     = pe.attempts + CASE WHEN pe.instance_id IS DISTINCT FROM p_instance_id
+                                                          THEN 1 ELSE 0 END,
+                        refundable   = pe.instance_id IS DISTINCT FROM p_instance_id
+                    -- (by the versions we read: a row changed since is not found, see step 4)
+                    WHERE pe.ctid = ANY (v_c_tid)
+                      AND CASE
+                            WHEN pe.instance_id IS NULL THEN pe.scheduled_for <= now()
+                            WHEN pe.lease_expiry < now() THEN true
+                            ELSE NOT EXISTS (SELECT 1 FROM wh_service_instances si
+                                             WHERE si.instance_id = pe.instance_id)
+                          END
+                    RETURNING pe.event_work_id, pe.event_id, pe.global_position, pe.attempts,
+                              pe.failures)
+                SELECT array_agg(l.event_work_id), array_agg(l.event_id),
+                       array_agg(l.global_position), array_agg(l.attempts), array_agg(l.failures)
+                INTO v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures
+                FROM leased l;
+            EXCEPTION WHEN lock_not_available THEN
+                WITH locked AS (
+                    SELECT pe.event_work_id
+                    FROM wh_perspective_events pe
+                    -- (by the versions we read: a row changed since is not found, see step 4)
+                    WHERE pe.ctid = ANY (v_c_tid)
+                      AND CASE
+                            WHEN pe.instance_id IS NULL THEN pe.scheduled_for <= now()
+                            WHEN pe.lease_expiry < now() THEN true
+                            ELSE NOT EXISTS (SELECT 1 FROM wh_service_instances si
+                                             WHERE si.instance_id = pe.instance_id)
+                          END
+                    ORDER BY pe.event_work_id
+                    FOR UPDATE OF pe SKIP LOCKED),
+                leased AS (
+                    UPDATE wh_perspective_events pe
+                    SET instance_id  = p_instance_id,
+                        lease_expiry = clock_timestamp() + make_interval(secs => p_lease_seconds),
+                        attempts     = pe.attempts + CASE WHEN pe.instance_id IS DISTINCT FROM p_instance_id
+                                                          THEN 1 ELSE 0 END,
+                        refundable   = pe.instance_id IS DISTINCT FROM p_instance_id
+                    FROM locked
+                    WHERE pe.event_work_id = locked.event_work_id
+                    RETURNING pe.event_work_id, pe.event_id, pe.global_position, pe.attempts,
+                              pe.failures)
+                SELECT array_agg(l.event_work_id), array_agg(l.event_id),
+                       array_agg(l.global_position), array_agg(l.attempts), array_agg(l.failures)
+                INTO v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures
+                FROM leased l;
+            END;
+            PERFORM set_config('lock_timeout', v_lock_timeout, true);
+
+            -- 4. Leases stay a prefix of the lane, so nobody can ever hold a row ahead of ours:
+            --    a candidate the re-check or a lock left out ends its lane's share, and what we
+            --    leased behind it goes back at once, its bump refunded (rare: a race with the
+            --    lane's old holder).
+            IF coalesce(cardinality(v_u_id), 0) < cardinality(v_c_id) THEN
+                SELECT array_agg(g.id) INTO v_gap
+                FROM (
+                    SELECT c.id, u.id IS NOT NULL AS leased,
+                           bool_and(u.id IS NOT NULL) OVER (
+                               PARTITION BY c.sid, c.pname ORDER BY c.v) AS contiguous
+                    FROM unnest(v_c_id, v_c_s, v_c_p, v_c_v) AS c(id, sid, pname, v)
+                    LEFT JOIN unnest(v_u_id) AS u(id) ON u.id = c.id
+                ) g
+                WHERE g.leased AND NOT g.contiguous;
+                IF v_gap IS NOT NULL THEN
+                    UPDATE wh_perspective_events pe
+                    SET instance_id  = NULL,
+                        lease_expiry = NULL,
+                        attempts     = greatest(pe.attempts - CASE WHEN pe.refundable THEN 1 ELSE 0 END, 0),
+                        refundable   = false
+                    WHERE pe.event_work_id = ANY (v_gap);
+                    SELECT array_agg(u.id), array_agg(u.ev), array_agg(u.gp), array_agg(u.att),
+                           array_agg(u.fail)
+                    INTO v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures
+                    FROM unnest(v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures)
+                         AS u(id, ev, gp, att, fail)
+                    WHERE NOT u.id = ANY (v_gap);
+                END IF;
+            END IF;
+        END IF;
+        v_take := v_u_id;
+        v_taken := coalesce(cardinality(v_take), 0);
+        IF v_c_id IS NOT NULL THEN
+            v_all_c_id := v_all_c_id || v_c_id;
+            v_all_c_s := v_all_c_s || v_c_s;
+            v_all_c_p := v_all_c_p || v_c_p;
+            v_all_c_v := v_all_c_v || v_c_v;
+        END IF;
+        IF v_taken > 0 THEN
+            v_all := v_all || v_u_id;
+            v_all_event := v_all_event || v_u_event;
+            v_all_gp := v_all_gp || v_u_gp;
+            v_all_attempts := v_all_attempts || v_u_attempts;
+            v_all_failures := v_all_failures || v_u_failures;
+        END IF;
+
+        -- 5. The lanes' hints. A lane we leased from is due when our lease expires; any other
+        --    lane of the round is due when its head is (a parked head's scheduled_for, another
+        --    live holder's expiry; a head locked by someone else, in a second), and an empty
+        --    lane goes. These statements started after we took the lanes' locks (L1, L2); the
+        --    holders named are locked FOR KEY SHARE first, so a cleanup removing one waits for
+        --    this claim and then wakes the lane (one being removed right now counts as gone).
+        SELECT array_agg(DISTINCT h.instance_id) INTO v_holders
+        FROM unnest(v_round_s, v_round_p) AS k(sid, pname)
+        CROSS JOIN LATERAL (
+            SELECT pe.instance_id
+            FROM wh_perspective_events pe
+            WHERE pe.perspective_name = k.pname AND pe.stream_id = k.sid
+            ORDER BY pe.stream_version
+            LIMIT 1) h
+        WHERE h.instance_id IS NOT NULL AND h.instance_id <> p_instance_id
+          -- (lanes we leased from are due at our own expiry: no holder to look up)
+          AND NOT EXISTS (SELECT 1
+                          FROM unnest(v_c_id, v_c_s, v_c_p) AS c(id, sid, pname)
+                          WHERE c.sid = k.sid AND c.pname = k.pname
+                            AND c.id = ANY (coalesce(v_take, '{}')));
+        v_alive := '{}';
+        IF v_holders IS NOT NULL THEN
+            SELECT coalesce(array_agg(a.instance_id), '{}') INTO v_alive
+            FROM (SELECT si.instance_id
+                  FROM wh_service_instances si
+                  WHERE si.instance_id = ANY (v_holders)
+                  ORDER BY si.instance_id
+                  FOR KEY SHARE SKIP LOCKED) a;
+        END IF;
+
+        WITH leased AS (
+            SELECT DISTINCT c.sid, c.pname
+            FROM unnest(v_c_id, v_c_s, v_c_p) AS c(id, sid, pname)
+            JOIN unnest(v_take) AS t(id) ON t.id = c.id),
+        round AS (
+            SELECT k.sid, k.pname, (t.sid IS NOT NULL) AS leased
+            FROM unnest(v_round_s, v_round_p) AS k(sid, pname)
+            LEFT JOIN leased t ON t.sid = k.sid AND t.pname = k.pname),
+        heads AS (
+            SELECT r.sid, r.pname, r.leased, h.event_work_id AS head, h.instance_id,
+                   h.lease_expiry, h.scheduled_for
+            FROM round r
+            LEFT JOIN LATERAL (
+                SELECT pe.event_work_id, pe.instance_id, pe.lease_expiry, pe.scheduled_for
+                FROM wh_perspective_events pe
+                WHERE pe.perspective_name = r.pname AND pe.stream_id = r.sid
+                ORDER BY pe.stream_version
+                LIMIT 1) h ON NOT r.leased),
+        gone AS (
+            DELETE FROM wh_perspective_lanes l
+            USING heads h
+            WHERE l.stream_id = h.sid AND l.perspective_name = h.pname
+              AND NOT h.leased AND h.head IS NULL
+            RETURNING 1)
+        UPDATE wh_perspective_lanes l
+        SET due_at = CASE
+                WHEN h.leased THEN clock_timestamp() + make_interval(secs => p_lease_seconds)
+                WHEN h.instance_id IS NULL AND h.scheduled_for > now() THEN h.scheduled_for
+                WHEN h.instance_id IS NOT NULL AND h.lease_expiry >= now()
+                     AND h.instance_id = ANY (v_alive) THEN h.lease_expiry
+                ELSE now() + interval '1 second'
+            END,
+            holder = CASE WHEN h.leased THEN p_instance_id ELSE h.instance_id END
+        FROM heads h
+        WHERE l.stream_id = h.sid AND l.perspective_name = h.pname
+          AND (h.leased OR h.head IS NOT NULL);
+
+        v_rows_left := v_rows_left - v_taken;
+        -- Size the next round from what this one's lanes gave.
+        v_estimate := greatest(v_taken::numeric / cardinality(v_round_s), 1);
+        EXIT WHEN cardinality(v_round_s) < v_want;   -- no more due lanes
+    END LOOP;
+
+    IF cardinality(v_all) = 0 THEN
+        RETURN;
+    END IF;
+
+    -- 6. The rows leased, with their raw events (what the lease returned plus the candidates'
+    --    lanes; no second read of the work rows).
+    RETURN QUERY
+    SELECT r.id, c.sid, r.ev, c.pname, r.gp, c.v, e.event_type, e.event_data, e.metadata,
+           r.att, r.fail
+    FROM unnest(v_all, v_all_event, v_all_gp, v_all_attempts, v_all_failures)
+         AS r(id, ev, gp, att, fail)
+    JOIN unnest(v_all_c_id, v_all_c_s, v_all_c_p, v_all_c_v) AS c(id, sid, pname, v)
+      ON c.id = r.id
+    -- (the events in one index scan by the positions, not one scan per row)
+    LEFT JOIN (SELECT e.global_position, e.event_id, e.event_type, e.event_data, e.metadata
+               FROM wh_event_store e
+               WHERE e.global_position = ANY (v_all_gp)) e
+      ON e.global_position = r.gp AND e.event_id = r.ev
+    ORDER BY c.sid, c.pname, c.v;
+END
+$function$
+;
+
+-- function heartbeat(uuid,text,text,integer,text)
+CREATE OR REPLACE FUNCTION vantage.heartbeat(p_instance_id uuid, p_service_name text DEFAULT 'vantage'::text, p_host_name text DEFAULT ''::text, p_process_id integer DEFAULT 0, p_version text DEFAULT ''::text)
+ RETURNS boolean
+ LANGUAGE sql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    INSERT INTO wh_service_instances AS si
+        (instance_id, service_name, host_name, process_id, version)
+    VALUES (p_instance_id, p_service_name, p_host_name, p_process_id, p_version)
+    ON CONFLICT (instance_id) DO UPDATE SET last_heartbeat_at = now()
+    RETURNING (xmax <> 0);
+$function$
+;
+
+-- function move_many_to_dead_letters(uuid,uuid[],text,text[])
+CREATE OR REPLACE FUNCTION vantage.move_many_to_dead_letters(p_instance_id uuid, p_source_ids uuid[], p_failure_reason text, p_error_texts text[])
+ RETURNS TABLE(source_id uuid, dead_letter_id uuid)
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+BEGIN
+    IF p_instance_id IS NULL THEN
+        RAISE EXCEPTION 'move_many_to_dead_letters: an instance is required' USING ERRCODE = '22004';
+    END IF;
+    RETURN QUERY
+    SELECT m.source_id, m.dead_letter_id
+    FROM wh_move_to_dead_letters(p_instance_id, p_source_ids,
+                                 array_fill(NULL::uuid, ARRAY[cardinality(p_source_ids)]),
+                                 p_failure_reason, p_error_texts) m;
+END
+$function$
+;
+
+-- function move_to_dead_letters(uuid,text,uuid,text,text,uuid)
+CREATE OR REPLACE FUNCTION vantage.move_to_dead_letters(p_dead_letter_id uuid, p_source_table text, p_source_id uuid, p_failure_reason text, p_error_text text, p_instance_id uuid)
+ RETURNS uuid
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+BEGIN
+    IF p_source_table IS DISTINCT FROM 'wh_perspective_events' THEN
+        RAISE EXCEPTION 'move_to_dead_letters: unknown source table %', coalesce(p_source_table, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN (SELECT m.dead_letter_id
+            FROM wh_move_to_dead_letters(p_instance_id, ARRAY[p_source_id],
+                                         ARRAY[p_dead_letter_id], p_failure_reason,
+                                         ARRAY[p_error_text]) m);
+END
+$function$
+;
+
+-- function note_perspective_event_error(uuid,uuid,text)
+CREATE OR REPLACE FUNCTION vantage.note_perspective_event_error(p_instance_id uuid, p_event_work_id uuid, p_error text)
+ RETURNS boolean
+ LANGUAGE sql
+ SET lock_timeout TO '5s'
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    WITH noted AS (
+        UPDATE wh_perspective_events pe
+        SET last_error = p_error
+        WHERE pe.event_work_id = p_event_work_id
+          AND pe.instance_id = p_instance_id
+        RETURNING 1)
+    SELECT EXISTS (SELECT 1 FROM noted);
+$function$
+;
+
+-- function purge_dead_letter(uuid,text,text)
+CREATE OR REPLACE FUNCTION vantage.purge_dead_letter(p_dead_letter_id uuid, p_actor text, p_detail text DEFAULT NULL::text)
+ RETURNS boolean
+ LANGUAGE sql
+ SET lock_timeout TO '5s'
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    WITH dl AS (
+        UPDATE wh_dead_letters d
+        SET status = 'purged', status_changed_at = now()
+        WHERE d.dead_letter_id = p_dead_letter_id AND d.status = 'exhausted'
+        RETURNING d.dead_letter_id),
+    hist AS (
+        INSERT INTO wh_dead_letter_history (dead_letter_id, kind, actor, detail)
+        SELECT dl.dead_letter_id, 'Purged', p_actor, p_detail FROM dl)
+    SELECT EXISTS (SELECT 1 FROM dl);
+$function$
+;
+
+-- function record_dead_letter_replay_failure(uuid,text,text)
+CREATE OR REPLACE FUNCTION vantage.record_dead_letter_replay_failure(p_dead_letter_id uuid, p_actor text, p_error text)
+ RETURNS boolean
+ LANGUAGE sql
+ SET lock_timeout TO '5s'
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    WITH dl AS (
+        UPDATE wh_dead_letters d
+        SET status_changed_at = d.status_changed_at
+        WHERE d.dead_letter_id = p_dead_letter_id AND d.status = 'exhausted'
+        RETURNING d.dead_letter_id),
+    hist AS (
+        INSERT INTO wh_dead_letter_history (dead_letter_id, kind, actor, detail)
+        SELECT dl.dead_letter_id, 'ReplayFailed', p_actor, p_error FROM dl)
+    SELECT EXISTS (SELECT 1 FROM dl);
+$function$
+;
+
+-- function record_perspective_event_failure(uuid,uuid,text,integer,interval)
+CREATE OR REPLACE FUNCTION vantage.record_perspective_event_failure(p_instance_id uuid, p_event_work_id uuid, p_error text, p_retry_after_seconds integer, p_retry_after interval DEFAULT NULL::interval)
+ RETURNS boolean
+ LANGUAGE sql
+ SET lock_timeout TO '5s'
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    WITH failed AS (
+        UPDATE wh_perspective_events pe
+        SET failures      = pe.failures + 1,
+            last_error    = p_error,
+            instance_id   = NULL,
+            lease_expiry  = NULL,
+            refundable    = false,
+            scheduled_for = clock_timestamp()
+                            + coalesce(p_retry_after,
+                                       make_interval(secs => greatest(p_retry_after_seconds, 0)))
+        WHERE pe.event_work_id = p_event_work_id
+          AND pe.instance_id = p_instance_id
+        RETURNING 1)
+    SELECT EXISTS (SELECT 1 FROM failed);
+$function$
+;
+
+-- function register_perspective(text,text[])
+CREATE OR REPLACE FUNCTION vantage.register_perspective(p_perspective_name text, p_event_types text[])
+ RETURNS void
+ LANGUAGE sql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    INSERT INTO wh_perspectives (perspective_name, event_types)
+    VALUES (p_perspective_name, p_event_types)
+    ON CONFLICT (perspective_name) DO UPDATE
+        SET event_types = EXCLUDED.event_types,
+            updated_at = now()
+        WHERE wh_perspectives.event_types IS DISTINCT FROM EXCLUDED.event_types;
+$function$
+;
+
+-- function release_started_leases(uuid,uuid[])
+CREATE OR REPLACE FUNCTION vantage.release_started_leases(p_instance_id uuid, p_event_work_ids uuid[])
+ RETURNS integer
+ LANGUAGE sql
+ SET lock_timeout TO '5s'
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    WITH released AS (
+        UPDATE wh_perspective_events pe
+        SET instance_id  = NULL,
+            lease_expiry = NULL,
+            refundable   = false
+        WHERE pe.event_work_id = ANY (p_event_work_ids)
+          AND pe.instance_id = p_instance_id
+        RETURNING 1)
+    SELECT count(*)::int FROM released;
+$function$
+;
+
+-- function release_unstarted_leases(uuid,uuid[])
+CREATE OR REPLACE FUNCTION vantage.release_unstarted_leases(p_instance_id uuid, p_event_work_ids uuid[])
+ RETURNS integer
+ LANGUAGE sql
+ SET lock_timeout TO '5s'
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    WITH released AS (
+        UPDATE wh_perspective_events pe
+        SET instance_id  = NULL,
+            lease_expiry = NULL,
+            attempts     = greatest(pe.attempts - CASE WHEN pe.refundable THEN 1 ELSE 0 END, 0),
+            refundable   = false
+        WHERE pe.event_work_id = ANY (p_event_work_ids)
+          AND pe.instance_id = p_instance_id
+        RETURNING 1)
+    SELECT count(*)::int FROM released;
+$function$
+;
+
+-- function renew_leases(uuid,uuid[],integer)
+CREATE OR REPLACE FUNCTION vantage.renew_leases(p_instance_id uuid, p_event_work_ids uuid[], p_lease_seconds integer)
+ RETURNS integer
+ LANGUAGE sql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    WITH mine AS (
+        SELECT pe.event_work_id
+        FROM wh_perspective_events pe
+        WHERE pe.event_work_id = ANY (p_event_work_ids)
+          AND pe.instance_id = p_instance_id
+        ORDER BY pe.event_work_id
+        FOR UPDATE SKIP LOCKED),
+    renewed AS (
+        UPDATE wh_perspective_events pe
+        SET lease_expiry = clock_timestamp() + make_interval(secs => p_lease_seconds)
+        FROM mine
+        WHERE pe.event_work_id = mine.event_work_id
+        RETURNING 1)
+    SELECT count(*)::int FROM renewed;
+$function$
+;
+
+-- function requeue_dead_letter(uuid,text)
+CREATE OR REPLACE FUNCTION vantage.requeue_dead_letter(p_dead_letter_id uuid, p_actor text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET lock_timeout TO '5s'
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_dl       wh_dead_letters%ROWTYPE;
+    v_inserted bigint;
+BEGIN
+    SELECT d.* INTO v_dl FROM wh_dead_letters d WHERE d.dead_letter_id = p_dead_letter_id;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM wh_lock_perspective_shared(v_dl.perspective_name);
+
+    UPDATE wh_dead_letters d
+    SET status = 'requeued', status_changed_at = now()
+    WHERE d.dead_letter_id = p_dead_letter_id AND d.status = 'exhausted';
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+
+    INSERT INTO wh_perspective_events
+        (event_work_id, stream_id, event_id, global_position, stream_version, perspective_name,
+         attempts, failures, scheduled_for)
+    VALUES (v_dl.source_id, v_dl.stream_id, v_dl.event_id, v_dl.global_position,
+            v_dl.stream_version, v_dl.perspective_name, 0, 0, now())
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS v_inserted = ROW_COUNT;
+    IF v_inserted = 0 THEN
+        -- Undoes the compare-and-set above with the rest of the statement.
+        RAISE EXCEPTION 'dead letter % is already queued: perspective "%" has a work row for event % (position %); requeuing it would apply it twice',
+            p_dead_letter_id, v_dl.perspective_name, v_dl.event_id, v_dl.global_position
+            USING ERRCODE = '23505';
+    END IF;
+
+    INSERT INTO wh_dead_letter_history (dead_letter_id, kind, actor, detail)
+    VALUES (p_dead_letter_id, 'Requeued', p_actor, NULL);
+    PERFORM pg_notify('vantage_work', '');
+    RETURN true;
+END
+$function$
+;
+
+-- function resolve_dead_letter(uuid,text,text)
+CREATE OR REPLACE FUNCTION vantage.resolve_dead_letter(p_dead_letter_id uuid, p_actor text, p_detail text DEFAULT NULL::text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET lock_timeout TO '5s'
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_perspective text;
+    v_done        boolean;
+BEGIN
+    SELECT d.perspective_name INTO v_perspective
+    FROM wh_dead_letters d
+    WHERE d.dead_letter_id = p_dead_letter_id;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM wh_lock_perspective_shared(v_perspective);
+
+    WITH dl AS (
+        UPDATE wh_dead_letters d
+        SET status = 'resolved', status_changed_at = now()
+        WHERE d.dead_letter_id = p_dead_letter_id AND d.status = 'exhausted'
+        RETURNING d.dead_letter_id),
+    hist AS (
+        INSERT INTO wh_dead_letter_history (dead_letter_id, kind, actor, detail)
+        SELECT dl.dead_letter_id, 'ReplaySucceeded', p_actor, p_detail FROM dl)
+    SELECT EXISTS (SELECT 1 FROM dl) INTO v_done;
+    RETURN v_done;
+END
+$function$
+;
+
+-- function wh_claimable_perspectives(text[])
+CREATE OR REPLACE FUNCTION vantage.wh_claimable_perspectives(p_names text[])
+ RETURNS text[]
+ LANGUAGE sql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    SELECT array_agg(p.perspective_name ORDER BY random())
+    FROM wh_perspectives p
+    WHERE (p_names IS NULL OR p.perspective_name = ANY (p_names))
+      AND p.paused_at IS NULL
+      AND pg_try_advisory_xact_lock_shared(wh_perspective_lock_key(p.perspective_name));
+$function$
+;
+
+-- function wh_dead_letter_history_append_only()
+CREATE OR REPLACE FUNCTION vantage.wh_dead_letter_history_append_only()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+BEGIN
+    RAISE EXCEPTION 'wh_dead_letter_history is append-only (% refused)', TG_OP
+        USING ERRCODE = '55000';
+END
+$function$
+;
+
+-- function wh_dead_letters_fingerprint()
+CREATE OR REPLACE FUNCTION vantage.wh_dead_letters_fingerprint()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+BEGIN
+    IF NEW.error_fingerprint IS NULL
+       OR (TG_OP = 'UPDATE'
+           AND NEW.error_fingerprint IS NOT DISTINCT FROM OLD.error_fingerprint
+           AND (NEW.perspective_name, NEW.event_type, NEW.error_text)
+               IS DISTINCT FROM (OLD.perspective_name, OLD.event_type, OLD.error_text)) THEN
+        NEW.error_fingerprint :=
+            wh_error_fingerprint(NEW.perspective_name, NEW.event_type, NEW.error_text);
+    END IF;
+    RETURN NEW;
+END
+$function$
+;
+
+-- function wh_error_cause(text)
+CREATE OR REPLACE FUNCTION vantage.wh_error_cause(p_error text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    SELECT CASE WHEN strpos(p_error, 'last error: ') > 0
+                THEN substring(p_error from '.*last error: (.*)$')
+                ELSE p_error END;
+$function$
+;
+
+-- function wh_error_fingerprint(text,text,text)
+CREATE OR REPLACE FUNCTION vantage.wh_error_fingerprint(p_perspective text, p_event_type text, p_error text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    SELECT left(md5(concat_ws(chr(31), p_perspective, coalesce(p_event_type, ''),
+                              coalesce(wh_error_sqlstate(p_error), ''),
+                              coalesce(wh_error_mask(p_error), ''))), 12);
+$function$
+;
+
+-- function wh_error_mask(text)
+CREATE OR REPLACE FUNCTION vantage.wh_error_mask(p_error text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    SELECT left(btrim(translate(regexp_replace(
+        regexp_replace(
+          regexp_replace(regexp_replace(
+            regexp_replace(
+              regexp_replace(regexp_replace(
+                regexp_replace(
+                  regexp_replace(regexp_replace(wh_error_cause(p_error),
+                      '\s*\(SQLSTATE [0-9A-Z]{5}\)', '', 'g'),
+                    '\)=\([^)]*\)', ')=(?)', 'g'),
+                  '(\m(?:relation|column|constraint|table|function|type|schema|index|sequence|view|trigger|domain|database|role|operator|extension)) "([^"]*)"',
+                  '\1 ' || chr(1) || '\2' || chr(2), 'gi'),
+                '"[^"]*"', '"?"', 'g'),
+              '''[^'']*''', '''?''', 'g'),
+            '[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}',
+            '<uuid>', 'g'),
+            '\m0x[0-9a-fA-F]+\M', '<hex>', 'g'),
+          '\m(?=[0-9a-fA-F]*[a-fA-F])(?=[0-9a-fA-F]*[0-9])[0-9a-fA-F]{8,}\M', '<hex>', 'g'),
+        '\m[0-9]+(\.[0-9]+)?\M', '<n>', 'g'),
+      '\s+', ' ', 'g'), chr(1) || chr(2), '""')), 500);
+$function$
+;
+
+-- function wh_error_sqlstate(text)
+CREATE OR REPLACE FUNCTION vantage.wh_error_sqlstate(p_error text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    SELECT substring(wh_error_cause(p_error) from '\(SQLSTATE ([0-9A-Z]{5})\)');
+$function$
+;
+
+-- function wh_event_store_fan_out()
+CREATE OR REPLACE FUNCTION vantage.wh_event_store_fan_out()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+DECLARE
+    v_rows bigint;
+BEGIN
+    INSERT INTO wh_perspective_events
+        (stream_id, event_id, global_position, stream_version, perspective_name)
+    SELECT e.stream_id, e.event_id, e.global_position, e.stream_version, p.perspective_name
+    FROM new_events e
+    JOIN wh_perspectives p
+      ON e.event_type = ANY (p.event_types) OR '*' = ANY (p.event_types)
+    ORDER BY e.global_position, p.perspective_name;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    IF v_rows > 0 THEN
+        PERFORM pg_notify('vantage_work', '');
+    END IF;
+    RETURN NULL;
+END
+$function$
+;
+
+-- function wh_fold_lane_wakeups(integer)
+CREATE OR REPLACE FUNCTION vantage.wh_fold_lane_wakeups(p_max integer DEFAULT 1000)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+DECLARE
+    v_tid   tid[];
+    v_s     uuid[];
+    v_p     text[];
+    v_done_s uuid[];
+    v_done_p text[];
+    v_gone  int;
+BEGIN
+    SELECT array_agg(w.ctid), array_agg(w.stream_id), array_agg(w.perspective_name)
+    INTO v_tid, v_s, v_p
+    FROM (SELECT w.ctid, w.stream_id, w.perspective_name
+          FROM wh_lane_wakeups w
+          LIMIT greatest(p_max, 0)
+          FOR UPDATE SKIP LOCKED) w;
+    IF v_tid IS NULL THEN
+        RETURN 0;
+    END IF;
+
+    WITH keys AS (
+        SELECT DISTINCT k.sid, k.pname FROM unnest(v_s, v_p) AS k(sid, pname)),
+    held AS (
+        -- Existing lanes, locked without waiting; made due now.
+        SELECT l.stream_id, l.perspective_name
+        FROM wh_perspective_lanes l
+        JOIN keys k ON k.sid = l.stream_id AND k.pname = l.perspective_name
+        ORDER BY l.stream_id, l.perspective_name
+        FOR UPDATE OF l SKIP LOCKED),
+    lowered AS (
+        UPDATE wh_perspective_lanes l
+        SET due_at = least(l.due_at, now())
+        FROM held h
+        WHERE l.stream_id = h.stream_id AND l.perspective_name = h.perspective_name
+        RETURNING l.stream_id, l.perspective_name),
+    added AS (
+        -- Lanes with no row (as this statement sees it): a conflict means someone else has
+        -- it, and the wake-up stays.
+        INSERT INTO wh_perspective_lanes AS l (stream_id, perspective_name, due_at)
+        SELECT k.sid, k.pname, now()
+        FROM keys k
+        WHERE NOT EXISTS (SELECT 1 FROM wh_perspective_lanes l
+                          WHERE l.stream_id = k.sid AND l.perspective_name = k.pname)
+        ORDER BY k.sid, k.pname
+        ON CONFLICT (stream_id, perspective_name) DO NOTHING
+        RETURNING l.stream_id, l.perspective_name)
+    SELECT array_agg(d.stream_id), array_agg(d.perspective_name) INTO v_done_s, v_done_p
+    FROM (SELECT * FROM lowered UNION ALL SELECT * FROM added) d;
+
+    WITH gone AS (
+        DELETE FROM wh_lane_wakeups w
+        USING unnest(v_tid, v_s, v_p) AS t(tid, sid, pname)
+        JOIN unnest(coalesce(v_done_s, '{}'), coalesce(v_done_p, '{}')) AS d(sid, pname)
+          ON d.sid = t.sid AND d.pname = t.pname
+        WHERE w.ctid = t.tid
+        RETURNING 1)
+    SELECT count(*)::int INTO v_gone FROM gone;
+    RETURN v_gone;
+END
+$function$
+;
+
+-- function wh_get_named_stream_events(uuid,uuid[],integer,text[],integer)
+CREATE OR REPLACE FUNCTION vantage.wh_get_named_stream_events(p_instance_id uuid, p_stream_ids uuid[], p_lease_seconds integer, p_perspective_names text[] DEFAULT NULL::text[], p_max_rows integer DEFAULT NULL::integer)
+ RETURNS TABLE(event_work_id uuid, stream_id uuid, event_id uuid, perspective_name text, global_position bigint, stream_version integer, event_type text, event_data jsonb, metadata jsonb, attempts integer, failures integer)
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_names    text[];
+    v_limit    int := coalesce(p_max_rows, 2147483647);
+    v_per_lane int;
+    v_chosen   uuid[];
+    v_locked   uuid[];
+    v_take     uuid[];
+    v_own      uuid[];
+BEGIN
+    -- Skip a perspective being rebuilt or paused (wh_claimable_perspectives says which).
+    v_names := wh_claimable_perspectives(p_perspective_names);
+    -- Only a registered instance claims, and it holds its row (KEY SHARE) until the claim
+    -- commits, so deregister_instance (which deletes that row first) waits for a claim under way
+    -- and no claim can lease anything for an instance that has deregistered.
+    PERFORM 1 FROM wh_service_instances si WHERE si.instance_id = p_instance_id FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v_names IS NULL OR coalesce(cardinality(p_stream_ids), 0) = 0 OR v_limit <= 0 THEN
+        RETURN;
+    END IF;
+    -- Read only a window of each lane: its fair share of the budget, with slack for short lanes.
+    -- (numeric arithmetic: with no p_max_rows the budget is int's maximum.)
+    v_per_lane := least(v_limit::numeric,
+        greatest(8, 2 * ceil(v_limit::numeric / (cardinality(p_stream_ids) * cardinality(v_names)))))::int;
+
+    -- 1. Candidates: per lane, the leading rows that are ours or claimable (bool_and over the
+    --    window keeps only the prefix before the first blocked row), ranked round-robin.
+    SELECT array_agg(c.event_work_id) INTO v_chosen
+    FROM (
+        SELECT r.event_work_id
+        FROM (
+            SELECT w.event_work_id, w.stream_id, w.perspective_name,
+                   row_number() OVER lane AS rn,
+                   bool_and(w.ok) OVER lane AS prefix_ok
+            FROM unnest(p_stream_ids) AS s(sid)
+            CROSS JOIN unnest(v_names) AS n(pname)
+            CROSS JOIN LATERAL (
+                SELECT pe.event_work_id, pe.stream_id, pe.perspective_name, pe.stream_version,
+                       CASE
+                           WHEN pe.instance_id = p_instance_id THEN true
+                           WHEN pe.instance_id IS NULL THEN pe.scheduled_for <= now()
+                           WHEN pe.lease_expiry < now() THEN true
+                           ELSE NOT EXISTS (SELECT 1 FROM wh_service_instances si
+                                            WHERE si.instance_id = pe.instance_id)
+                       END AS ok
+                FROM wh_perspective_events pe
+                WHERE pe.perspective_name = n.pname AND pe.stream_id = s.sid
+                ORDER BY pe.stream_version
+                LIMIT v_per_lane) w
+            WINDOW lane AS (PARTITION BY w.stream_id, w.perspective_name ORDER BY w.stream_version)
+        ) r
+        WHERE r.prefix_ok
+        ORDER BY r.rn, r.stream_id, r.perspective_name
+        LIMIT v_limit
+    ) c;
+    IF v_chosen IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- 2. Rows validly leased to us need no lock: nobody else may change them while the lease is
+    --    valid, and another claimer's stale FOR UPDATE SKIP LOCKED may hold their tuple lock (it
+    --    locks the latest version before its re-check rejects the row), which must not make us
+    --    drop our own lane. Lock the others without waiting, re-checking them on the live rows.
+    SELECT array_agg(pe.event_work_id) INTO v_own
+    FROM wh_perspective_events pe
+    WHERE pe.event_work_id = ANY (v_chosen)
+      AND pe.instance_id = p_instance_id
+      AND pe.lease_expiry > now();
+
+    SELECT coalesce(v_own, '{}') || coalesce(array_agg(l.event_work_id), '{}') INTO v_locked
+    FROM (
+        SELECT pe.event_work_id
+        FROM wh_perspective_events pe
+        WHERE pe.event_work_id = ANY (v_chosen)
+          AND NOT pe.event_work_id = ANY (coalesce(v_own, '{}'))
+          AND CASE
+                WHEN pe.instance_id = p_instance_id THEN true
+                WHEN pe.instance_id IS NULL THEN pe.scheduled_for <= now()
+                WHEN pe.lease_expiry < now() THEN true
+                ELSE NOT EXISTS (SELECT 1 FROM wh_service_instances si
+                                 WHERE si.instance_id = pe.instance_id)
+              END
+        ORDER BY pe.event_work_id
+        FOR UPDATE OF pe SKIP LOCKED
+    ) l;
+    IF cardinality(v_locked) = 0 THEN
+        RETURN;
+    END IF;
+
+    -- 3. Keep, per lane, only the rows before the first one we could not lock: leases stay a
+    --    prefix of the lane, so nobody else can ever hold a row ahead of ours.
+    SELECT array_agg(k.event_work_id) INTO v_take
+    FROM (
+        SELECT pe.event_work_id,
+               bool_and(pe.event_work_id = ANY (v_locked)) OVER (
+                   PARTITION BY pe.stream_id, pe.perspective_name
+                   ORDER BY pe.stream_version) AS contiguous
+        FROM wh_perspective_events pe
+        WHERE pe.event_work_id = ANY (v_chosen)
+    ) k
+    WHERE k.contiguous;
+    IF v_take IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- 4. Lease what is not already validly ours; bump attempts only on takeover.
+    UPDATE wh_perspective_events pe
+    SET instance_id  = p_instance_id,
+        lease_expiry = clock_timestamp() + make_interval(secs => p_lease_seconds),
+        attempts     = pe.attempts + CASE WHEN pe.instance_id IS DISTINCT FROM p_instance_id
+                                          THEN 1 ELSE 0 END,
+        -- (remember whether this claim bumped, so a give-back refunds exactly that)
+        refundable   = pe.instance_id IS DISTINCT FROM p_instance_id
+    WHERE pe.event_work_id = ANY (v_take)
+      AND (pe.instance_id IS DISTINCT FROM p_instance_id OR pe.lease_expiry <= now());
+
+    -- 5. Everything of the window now validly leased to the caller, with the raw event.
+    RETURN QUERY
+    SELECT pe.event_work_id, pe.stream_id, pe.event_id, pe.perspective_name,
+           pe.global_position, pe.stream_version, ev.event_type, ev.event_data,
+           ev.metadata, pe.attempts, pe.failures
+    FROM wh_perspective_events pe
+    LEFT JOIN wh_event_store ev ON ev.global_position = pe.global_position
+                               AND ev.event_id = pe.event_id
+    WHERE pe.event_work_id = ANY (v_take)
+      AND pe.instance_id = p_instance_id
+      AND pe.lease_expiry > now()
+    ORDER BY pe.stream_id, pe.perspective_name, pe.stream_version;
+END
+$function$
+;
+
+-- function wh_lock_perspective_shared(text)
+CREATE OR REPLACE FUNCTION vantage.wh_lock_perspective_shared(p_perspective_name text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+BEGIN
+    IF NOT pg_try_advisory_xact_lock_shared(wh_perspective_lock_key(p_perspective_name)) THEN
+        RAISE EXCEPTION 'perspective "%" is being rebuilt; try again when the rebuild has finished',
+            p_perspective_name
+            USING ERRCODE = '55P03',
+                  HINT = 'vantage perspectives rebuild holds the perspective''s lock while it resets and re-queues.';
+    END IF;
+END
+$function$
+;
+
+-- function wh_move_to_dead_letters(uuid,uuid[],uuid[],text,text[])
+CREATE OR REPLACE FUNCTION vantage.wh_move_to_dead_letters(p_instance_id uuid, p_source_ids uuid[], p_dead_letter_ids uuid[], p_failure_reason text, p_error_texts text[])
+ RETURNS TABLE(source_id uuid, dead_letter_id uuid)
+ LANGUAGE plpgsql
+ SET lock_timeout TO '5s'
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_perspective text;
+BEGIN
+    FOR v_perspective IN
+        SELECT DISTINCT pe.perspective_name
+        FROM wh_perspective_events pe
+        WHERE pe.event_work_id = ANY (p_source_ids)
+        ORDER BY 1
+    LOOP
+        PERFORM wh_lock_perspective_shared(v_perspective);
+    END LOOP;
+
+    RETURN QUERY
+    WITH given AS (
+        SELECT g.id, g.dead_letter_id, g.error_text
+        FROM unnest(p_source_ids, p_dead_letter_ids, p_error_texts)
+             AS g(id, dead_letter_id, error_text)),
+    src AS (
+        -- (by the primary key: a join to the ids can be planned as a scan of the queue)
+        DELETE FROM wh_perspective_events pe
+        WHERE pe.event_work_id = ANY (p_source_ids)
+          AND (p_instance_id IS NULL OR pe.instance_id = p_instance_id)
+        RETURNING pe.*),
+    moved AS (
+        SELECT coalesce(given.dead_letter_id, gen_random_uuid()) AS new_id, src.event_work_id,
+               src.stream_id, src.event_id, src.global_position, src.stream_version,
+               ev.event_type, src.perspective_name,
+               nullif(concat_ws(E'\n', given.error_text,
+                                CASE WHEN src.last_error IS NOT NULL
+                                     THEN 'last error: ' || src.last_error END), '') AS error_text,
+               src.attempts, src.failures
+        FROM src
+        JOIN given ON given.id = src.event_work_id
+        LEFT JOIN wh_event_store ev ON ev.global_position = src.global_position),
+    -- (a NULL type or text fingerprints as ''; error_text is never '', so the join keys below
+    -- only ever join rows whose fingerprints are equal. MATERIALIZED: inlined, the planner
+    -- would evaluate the fingerprint once per joined row again.)
+    fp AS MATERIALIZED (
+        SELECT d.perspective_name, d.event_type, d.error_text,
+               wh_error_fingerprint(d.perspective_name, d.event_type, d.error_text) AS fingerprint
+        FROM (SELECT DISTINCT m.perspective_name, coalesce(m.event_type, '') AS event_type,
+                     coalesce(m.error_text, '') AS error_text
+              FROM moved m) d),
+    dl AS (
+        INSERT INTO wh_dead_letters AS d
+            (dead_letter_id, source_table, source_id, stream_id, event_id, global_position,
+             stream_version, event_type, perspective_name, failure_reason, error_text,
+             attempts_when_dlq, failures_when_dlq, dead_lettered_at, dead_lettered_by,
+             status, status_changed_at, error_fingerprint)
+        SELECT m.new_id, 'wh_perspective_events', m.event_work_id, m.stream_id, m.event_id,
+               m.global_position, m.stream_version, m.event_type, m.perspective_name,
+               p_failure_reason, m.error_text, m.attempts, m.failures, now(), p_instance_id,
+               'exhausted', now(), fp.fingerprint
+        FROM moved m
+        JOIN fp ON fp.perspective_name = m.perspective_name
+               AND fp.event_type = coalesce(m.event_type, '')
+               AND fp.error_text = coalesce(m.error_text, '')
+        ON CONFLICT (source_table, perspective_name, event_id) WHERE status <> 'purged' DO UPDATE
+            SET source_id = EXCLUDED.source_id,
+                failure_reason = EXCLUDED.failure_reason,
+                error_text = EXCLUDED.error_text,
+                error_fingerprint = EXCLUDED.error_fingerprint,
+                attempts_when_dlq = EXCLUDED.attempts_when_dlq,
+                failures_when_dlq = EXCLUDED.failures_when_dlq,
+                dead_lettered_at = EXCLUDED.dead_lettered_at,
+                dead_lettered_by = EXCLUDED.dead_lettered_by,
+                status = 'exhausted',
+                status_changed_at = now()
+        RETURNING d.source_id, d.dead_letter_id, d.error_text),
+    hist AS (
+        INSERT INTO wh_dead_letter_history (dead_letter_id, kind, actor, detail)
+        SELECT dl.dead_letter_id, 'Exhausted',
+               coalesce('instance ' || p_instance_id::text, 'vantage'),
+               p_failure_reason || coalesce(': ' || dl.error_text, '')
+        FROM dl)
+    SELECT dl.source_id, dl.dead_letter_id FROM dl;
+END
+$function$
+;
+
+-- function wh_perspective_events_wake_lanes()
+CREATE OR REPLACE FUNCTION vantage.wh_perspective_events_wake_lanes()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+BEGIN
+    INSERT INTO wh_lane_wakeups (stream_id, perspective_name)
+    SELECT DISTINCT n.stream_id, n.perspective_name
+    FROM new_rows n;
+    RETURN NULL;
+END
+$function$
+;
+
+-- function wh_perspective_is_rebuilding(text)
+CREATE OR REPLACE FUNCTION vantage.wh_perspective_is_rebuilding(p_perspective_name text)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    SELECT EXISTS (
+        SELECT 1
+        FROM pg_locks l, (SELECT wh_perspective_lock_key(p_perspective_name) AS k) key
+        WHERE l.locktype = 'advisory'
+          AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+          AND l.classid = ((key.k >> 32) & 4294967295)::oid
+          AND l.objid = (key.k & 4294967295)::oid
+          AND l.objsubid = 1
+          AND l.mode = 'ExclusiveLock'
+          AND l.granted);
+$function$
+;
+
+-- function wh_perspective_lanes_after_delete()
+CREATE OR REPLACE FUNCTION vantage.wh_perspective_lanes_after_delete()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+DECLARE
+    v_streams uuid[];
+    v_names   text[];
+    v_last    int[];
+BEGIN
+    SELECT array_agg(l.stream_id), array_agg(l.perspective_name), array_agg(l.last_version)
+    INTO v_streams, v_names, v_last
+    FROM (
+        SELECT l.stream_id, l.perspective_name, o.last_version
+        FROM wh_perspective_lanes l
+        JOIN (SELECT o.stream_id, o.perspective_name, max(o.stream_version) AS last_version
+              FROM old_rows o
+              GROUP BY o.stream_id, o.perspective_name) o
+          ON o.stream_id = l.stream_id AND o.perspective_name = l.perspective_name
+        ORDER BY l.stream_id, l.perspective_name
+        FOR UPDATE OF l
+    ) l;
+    IF v_streams IS NULL THEN
+        RETURN NULL;
+    END IF;
+
+    -- (a row behind the last one deleted means not empty, without reading the prefix again)
+    DELETE FROM wh_perspective_lanes l
+    USING unnest(v_streams, v_names, v_last) AS k(sid, pname, last_version)
+    WHERE l.stream_id = k.sid AND l.perspective_name = k.pname
+      AND CASE
+            WHEN EXISTS (SELECT 1 FROM wh_perspective_events pe
+                         WHERE pe.perspective_name = k.pname AND pe.stream_id = k.sid
+                           AND pe.stream_version > k.last_version)
+            THEN false
+            ELSE NOT EXISTS (SELECT 1 FROM wh_perspective_events pe
+                             WHERE pe.perspective_name = k.pname AND pe.stream_id = k.sid)
+          END;
+
+    UPDATE wh_perspective_lanes l
+    SET due_at = now()
+    FROM unnest(v_streams, v_names) AS k(sid, pname)
+    WHERE l.stream_id = k.sid AND l.perspective_name = k.pname
+      AND l.due_at > now();
+    RETURN NULL;
+END
+$function$
+;
+
+-- function wh_perspective_lanes_after_instance_gone()
+CREATE OR REPLACE FUNCTION vantage.wh_perspective_lanes_after_instance_gone()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+BEGIN
+    UPDATE wh_perspective_lanes l
+    SET due_at = now()
+    WHERE l.holder IN (SELECT g.instance_id FROM gone g)
+      AND l.due_at > now();
+    RETURN NULL;
+END
+$function$
+;
+
+-- function wh_perspective_lanes_after_release()
+CREATE OR REPLACE FUNCTION vantage.wh_perspective_lanes_after_release()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+DECLARE
+    v_due timestamptz := CASE WHEN NEW.instance_id IS NULL THEN NEW.scheduled_for
+                              ELSE NEW.lease_expiry END;
+BEGIN
+    IF EXISTS (SELECT 1 FROM wh_perspective_events e
+               WHERE e.perspective_name = NEW.perspective_name AND e.stream_id = NEW.stream_id
+                 AND e.stream_version < NEW.stream_version) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM 1 FROM wh_perspective_lanes l
+    WHERE l.stream_id = NEW.stream_id AND l.perspective_name = NEW.perspective_name
+    FOR UPDATE;
+    UPDATE wh_perspective_lanes l
+    SET due_at = v_due
+    WHERE l.stream_id = NEW.stream_id AND l.perspective_name = NEW.perspective_name
+      AND l.due_at > v_due;
+    RETURN NULL;
+END
+$function$
+;
+
+-- function wh_perspective_lock_key(text)
+CREATE OR REPLACE FUNCTION vantage.wh_perspective_lock_key(p_perspective_name text)
+ RETURNS bigint
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    SELECT hashtextextended('vantage:perspective:' || current_schema() || ':' || p_perspective_name, 0);
+$function$
+;
+
+-- function wh_primary_key(regclass)
+CREATE OR REPLACE FUNCTION vantage.wh_primary_key(p_table regclass)
+ RETURNS text[]
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    SELECT array_agg(a.attname::text ORDER BY k.ord)
+    FROM pg_index i
+    CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+    JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+    WHERE i.indrelid = p_table AND i.indisprimary;
+$function$
+;
+
+-- function wh_read_model_row(regclass,jsonb)
+CREATE OR REPLACE FUNCTION vantage.wh_read_model_row(p_table regclass, p_row jsonb)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+DECLARE
+    v_cols  text[] := wh_primary_key(p_table);
+    v_where text;
+    v_out   jsonb;
+BEGIN
+    IF v_cols IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT string_agg(format('t.%1$I IS NOT DISTINCT FROM k.%1$I', c), ' AND ') INTO v_where
+    FROM unnest(v_cols) AS c;
+    EXECUTE format('SELECT to_jsonb(t) FROM %s t, jsonb_populate_record(NULL::%s, $1) k WHERE %s',
+                   p_table, p_table, v_where)
+        INTO v_out USING p_row;
+    RETURN v_out;
+END
+$function$
+;
+
+-- function wh_reconcile_lanes(text,uuid,integer)
+CREATE OR REPLACE FUNCTION vantage.wh_reconcile_lanes(p_after_perspective text, p_after_stream uuid, p_max integer)
+ RETURNS TABLE(repaired_stream uuid, repaired_perspective text, next_perspective text, next_stream uuid)
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_s    uuid[];
+    v_p    text[];
+    v_last_p text;
+    v_last_s uuid;
+BEGIN
+    WITH RECURSIVE walk AS (
+        (SELECT pe.perspective_name, pe.stream_id, 1 AS n
+         FROM wh_perspective_events pe
+         WHERE p_after_perspective IS NULL
+            OR (pe.perspective_name, pe.stream_id) > (p_after_perspective, p_after_stream)
+         ORDER BY pe.perspective_name, pe.stream_id
+         LIMIT 1)
+        UNION ALL
+        SELECT nx.perspective_name, nx.stream_id, w.n + 1
+        FROM walk w
+        CROSS JOIN LATERAL (
+            SELECT pe.perspective_name, pe.stream_id
+            FROM wh_perspective_events pe
+            WHERE (pe.perspective_name, pe.stream_id) > (w.perspective_name, w.stream_id)
+            ORDER BY pe.perspective_name, pe.stream_id
+            LIMIT 1) nx
+        WHERE w.n < greatest(p_max, 1))
+    SELECT array_agg(w.stream_id ORDER BY w.n), array_agg(w.perspective_name ORDER BY w.n)
+    INTO v_s, v_p
+    FROM walk w;
+    IF v_s IS NULL THEN
+        RETURN QUERY SELECT NULL::uuid, NULL::text, NULL::text, NULL::uuid;
+        RETURN;
+    END IF;
+    IF cardinality(v_s) >= greatest(p_max, 1) THEN
+        v_last_p := v_p[cardinality(v_p)];
+        v_last_s := v_s[cardinality(v_s)];
+    END IF;
+
+    RETURN QUERY
+    WITH missing AS (
+        SELECT k.sid, k.pname
+        FROM unnest(v_s, v_p) AS k(sid, pname)
+        WHERE NOT EXISTS (SELECT 1 FROM wh_perspective_lanes l
+                          WHERE l.stream_id = k.sid AND l.perspective_name = k.pname)
+          AND (k.sid, k.pname) NOT IN (SELECT w.stream_id, w.perspective_name
+                                      FROM wh_lane_wakeups w)),
+    added AS (
+        INSERT INTO wh_perspective_lanes AS l (stream_id, perspective_name, due_at)
+        SELECT m.sid, m.pname, now() FROM missing m
+        ORDER BY m.sid, m.pname
+        ON CONFLICT (stream_id, perspective_name) DO NOTHING
+        RETURNING l.stream_id, l.perspective_name)
+    SELECT a.stream_id, a.perspective_name, v_last_p, v_last_s FROM added a
+    UNION ALL
+    SELECT NULL::uuid, NULL::text, v_last_p, v_last_s;
+END
+$function$
+;
+
+-- function wh_statement_dispatcher(text[])
+CREATE OR REPLACE FUNCTION vantage.wh_statement_dispatcher(p_statements text[])
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+DECLARE
+    v_name  text := 'vantage_apply_inline_' || md5(array_to_string(p_statements, E'\n;\n--vantage--\n'));
+    v_count int := coalesce(nullif(current_setting('vantage.apply_dispatchers', true), '')::int, 0);
+    v_cases text := '';
+    v_assign text := '';
+BEGIN
+    IF to_regprocedure(format('pg_temp.%I(jsonb, uuid, uuid, text, bigint, int, jsonb, '
+                              'int[], jsonb[], uuid[], uuid[], text[], bigint[], int[], jsonb[])',
+                              v_name)) IS NOT NULL THEN
+        RETURN v_name;
+    END IF;
+    IF v_count >= 16 THEN
+        RETURN NULL;
+    END IF;
+    FOR i IN 1 .. cardinality(p_statements) LOOP
+        IF wh_statement_is_plain_write(p_statements[i])
+           AND NOT wh_statement_mentions_extra_params(p_statements[i]) THEN
+            -- (the statement on lines of its own: a trailing "--" comment ends with its line)
+            v_cases := v_cases || format('      WHEN %s THEN', i) || chr(10)
+                || regexp_replace(p_statements[i], '[\s;]+$', '') || chr(10) || ';' || chr(10);
+        ELSE
+            v_cases := v_cases || format(
+                '      WHEN %s THEN EXECUTE %L USING $1, $2, $3, $4, $5, $6, $7;', i, p_statements[i])
+                || chr(10);
+        END IF;
+    END LOOP;
+    -- Only the parameters some statement mentions are assigned (any $n, $0n … anywhere in its
+    -- text, as the daemon decides what to send); the others stay NULL, unread.
+    FOR n IN 1 .. 7 LOOP
+        IF EXISTS (SELECT 1 FROM unnest(p_statements) AS s(statement)
+                   WHERE s.statement ~ ('\$0*' || n || '([^0-9]|$)')) THEN
+            v_assign := v_assign || format('    $%s := $%s[vantage$event];', n, n + 8) || chr(10);
+        END IF;
+    END LOOP;
+    BEGIN
+        -- $1 … $7: the statements' parameters; $8: which statement each event runs (1-based
+        -- into p_statements); $9 … $15: the events' values, one array per parameter.
+        -- (a column named like a PL/pgSQL variable, e.g. "found", stays a column)
+        EXECUTE format(
+            'CREATE FUNCTION pg_temp.%I(jsonb, uuid, uuid, text, bigint, int, jsonb, '
+            'int[], jsonb[], uuid[], uuid[], text[], bigint[], int[], jsonb[]) '
+            'RETURNS int LANGUAGE plpgsql AS %L',
+            v_name,
+            concat_ws(chr(10),
+                '#variable_conflict use_column',
+                'BEGIN',
+                '  FOR vantage$event IN 1 .. coalesce(cardinality($8), 0) LOOP',
+                v_assign || '    CASE $8[vantage$event]',
+                v_cases || '    END CASE;',
+                '  END LOOP;',
+                '  RETURN coalesce(cardinality($8), 0);',
+                'END'));
+    EXCEPTION WHEN insufficient_privilege THEN
+        RETURN NULL;
+    END;
+    PERFORM set_config('vantage.apply_dispatchers', (v_count + 1)::text, false);
+    RETURN v_name;
+END
+$function$
+;
+
+-- function wh_statement_is_plain_write(text)
+CREATE OR REPLACE FUNCTION vantage.wh_statement_is_plain_write(p_statement text)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    SELECT p_statement ~* '^\s*(insert|update|delete|merge)\s'
+       AND p_statement !~* 'returning'
+       AND regexp_replace(p_statement, '[\s;]+$', '') !~ ';';
+$function$
+;
+
+-- function wh_statement_mentions_extra_params(text)
+CREATE OR REPLACE FUNCTION vantage.wh_statement_mentions_extra_params(p_statement text)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    SELECT p_statement ~ '\$0*([89]|[1-9][0-9])';
+$function$
+;
+
+-- trigger wh_dead_letter_history_append_only
+CREATE TRIGGER wh_dead_letter_history_append_only BEFORE DELETE OR UPDATE ON vantage.wh_dead_letter_history FOR EACH ROW EXECUTE FUNCTION wh_dead_letter_history_append_only();
+
+-- trigger wh_dead_letters_fingerprint
+CREATE TRIGGER wh_dead_letters_fingerprint BEFORE INSERT OR UPDATE ON vantage.wh_dead_letters FOR EACH ROW EXECUTE FUNCTION wh_dead_letters_fingerprint();
+
+-- trigger wh_event_store_fan_out
+CREATE TRIGGER wh_event_store_fan_out AFTER INSERT ON vantage.wh_event_store REFERENCING NEW TABLE AS new_events FOR EACH STATEMENT EXECUTE FUNCTION wh_event_store_fan_out();
+
+-- trigger wh_perspective_events_wake_lanes
+CREATE TRIGGER wh_perspective_events_wake_lanes AFTER INSERT ON vantage.wh_perspective_events REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION wh_perspective_events_wake_lanes();
+
+-- trigger wh_perspective_lanes_after_delete
+CREATE TRIGGER wh_perspective_lanes_after_delete AFTER DELETE ON vantage.wh_perspective_events REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION wh_perspective_lanes_after_delete();
+
+-- trigger wh_perspective_lanes_after_instance_gone
+CREATE TRIGGER wh_perspective_lanes_after_instance_gone AFTER DELETE ON vantage.wh_service_instances REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION wh_perspective_lanes_after_instance_gone();
+
+-- trigger wh_perspective_lanes_after_release
+CREATE TRIGGER wh_perspective_lanes_after_release AFTER UPDATE ON vantage.wh_perspective_events FOR EACH ROW WHEN ((((new.instance_id IS NULL) AND ((old.instance_id IS NOT NULL) OR (new.scheduled_for < old.scheduled_for))) OR (new.lease_expiry < old.lease_expiry))) EXECUTE FUNCTION wh_perspective_lanes_after_release();
