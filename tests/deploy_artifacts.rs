@@ -66,7 +66,8 @@ fn emit_every_metric() {
             | m::APPLY_FAILURES_TOTAL
             | m::COOLDOWN_SKIPS_TOTAL
             | m::LEASE_TAKEOVERS_TOTAL
-            | m::PERSPECTIVE_QUARANTINES_TOTAL => {
+            | m::PERSPECTIVE_QUARANTINES_TOTAL
+            | m::LANES_REPAIRED_TOTAL => {
                 metrics::counter!(name, m::LABEL_PERSPECTIVE => P).increment(1);
             }
             m::DEAD_LETTER_MOVE_ERRORS_TOTAL | m::LEASES_RELEASED_TOTAL => {

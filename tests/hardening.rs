@@ -543,16 +543,18 @@ async fn a_lost_lease_still_records_failures_and_gives_back_the_rest() {
         Duration::from_secs(8),
     )
     .await;
-    // Nothing behind the failure stays leased to us.
-    let held: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM wh_perspective_events WHERE instance_id = $1 AND stream_id = $2",
+    // Nothing behind the failure stays leased to us. The give-back of the rows behind it
+    // commits after the failure this test waited for: wait for it too, instead of racing it.
+    env.wait_until(
+        &format!(
+            "SELECT count(*) FROM wh_perspective_events WHERE instance_id = '{}' \
+             AND stream_id = '{fail_stream}'",
+            instance.0
+        ),
+        0,
+        Duration::from_secs(8),
     )
-    .bind(instance.0)
-    .bind(fail_stream)
-    .fetch_one(env.store.pool())
-    .await
-    .unwrap();
-    assert_eq!(held, 0, "rows behind the failure were given back");
+    .await;
     let moves = metric_value(
         "vantage_dead_letter_moves_total",
         &[("perspective", "thief"), ("reason", "PermanentFailure")],

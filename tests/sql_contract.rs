@@ -3146,7 +3146,7 @@ async fn a_database_migrated_before_the_baseline_is_refused() -> TestResult {
     ] {
         let error = result.expect_err("a pre-baseline schema is refused");
         assert!(
-            matches!(error, StoreError::PreBaseline(1)),
+            matches!(error, StoreError::PreBaseline(2)),
             "refused as pre-baseline: {error}"
         );
         let message = error.to_string();

@@ -66,9 +66,10 @@ GRANT SELECT, INSERT, UPDATE ON vantage.wh_perspectives TO vantage_daemon;
 -- Work rows: claimed, renewed, failed and released (UPDATE), completed and dead-lettered (DELETE).
 GRANT SELECT, UPDATE, DELETE ON vantage.wh_perspective_events TO vantage_daemon;
 -- The lane index (claims lock, insert, update and delete lanes; triggers on the work rows
--- keep it) and its wake-ups (claims fold and delete them), migrations/0003_lanes.sql.
+-- keep it) and its wake-ups (claims lock them FOR UPDATE, fold and delete them),
+-- migrations/0003_lanes.sql.
 GRANT SELECT, INSERT, UPDATE, DELETE ON vantage.wh_perspective_lanes TO vantage_daemon;
-GRANT SELECT, INSERT, DELETE ON vantage.wh_lane_wakeups TO vantage_daemon;
+GRANT SELECT, INSERT, UPDATE, DELETE ON vantage.wh_lane_wakeups TO vantage_daemon;
 -- Instance registry: heartbeat (upsert), deregistration and dead-instance cleanup.
 GRANT SELECT, INSERT, UPDATE, DELETE ON vantage.wh_service_instances TO vantage_daemon;
 -- Dead letters: moved in (INSERT, or UPDATE when a requeued message is dead-lettered again).

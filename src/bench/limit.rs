@@ -5,7 +5,9 @@
 //!
 //! - Crash-safe shape: transaction 1 leases up to batch_size due rows with attempts + 1 and
 //!   commits; transaction 2 runs the perspective's upsert for each of them, set-based, and
-//!   deletes them.
+//!   deletes them. Measured on a trigger-free copy of the work table (same columns, its best
+//!   index, none of vantage's lane bookkeeping): the physical limit, which the drain's ratio is
+//!   against; and, for comparison, on vantage's own table, which pays the lane triggers.
 //! - Single-transaction floor: claim, upsert and delete in one statement.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +18,7 @@ use uuid::Uuid;
 
 use super::measure::PerEvent;
 use super::{Bench, BenchError};
+use crate::store::bench::LimitTable;
 
 /// The figures of one limit run.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -37,13 +40,38 @@ impl LimitRun {
     }
 }
 
-/// The crash-safe shape over the seeded rows of `perspectives`.
+/// The crash-safe shape over the seeded rows of `perspectives`, moved into the trigger-free
+/// copy of the work table first: the physical limit.
 pub async fn crash_safe(
     bench: &Bench,
     perspectives: &[String],
     expected: u64,
 ) -> Result<LimitRun, BenchError> {
-    run(bench, perspectives, expected, "limit, crash-safe", true).await
+    bench.db.move_work_to_limit_copy().await?;
+    run(
+        bench,
+        perspectives,
+        expected,
+        "limit, crash-safe",
+        Some(LimitTable::TriggerFree),
+    )
+    .await
+}
+
+/// The crash-safe shape on vantage's own work table (its lane triggers included).
+pub async fn crash_safe_on_own_table(
+    bench: &Bench,
+    perspectives: &[String],
+    expected: u64,
+) -> Result<LimitRun, BenchError> {
+    run(
+        bench,
+        perspectives,
+        expected,
+        "limit, on vantage's table",
+        Some(LimitTable::Vantage),
+    )
+    .await
 }
 
 /// The single-transaction floor over the seeded rows of `perspectives`.
@@ -57,7 +85,7 @@ pub async fn floor(
         perspectives,
         expected,
         "limit, one transaction",
-        false,
+        None,
     )
     .await
 }
@@ -67,7 +95,7 @@ async fn run(
     perspectives: &[String],
     expected: u64,
     what: &str,
-    crash_safe: bool,
+    crash_safe: Option<LimitTable>,
 ) -> Result<LimitRun, BenchError> {
     let connections = (bench.config.consumers * bench.config.instances).max(1);
     let batch = bench.config.batch_size.clamp(1, i32::MAX as u32) as i32;
@@ -92,15 +120,16 @@ async fn run(
         tasks.push(tokio::spawn(async move {
             let holder = Uuid::new_v4();
             loop {
-                let n = if crash_safe {
-                    let ids = db.limit_lease(holder, &names, batch).await?;
-                    if ids.is_empty() {
-                        0
-                    } else {
-                        db.limit_apply(holder, &ids).await?
+                let n = match crash_safe {
+                    Some(table) => {
+                        let ids = db.limit_lease(table, holder, &names, batch).await?;
+                        if ids.is_empty() {
+                            0
+                        } else {
+                            db.limit_apply(table, holder, &ids).await?
+                        }
                     }
-                } else {
-                    db.limit_floor(&names, batch).await?
+                    None => db.limit_floor(&names, batch).await?,
                 };
                 if n == 0 {
                     return Ok::<_, BenchError>(());
@@ -127,7 +156,10 @@ async fn run(
     bench.db.settle_stats(bench.config.settle).await;
     let after = bench.db.counters(bench.statement_stats).await?;
     let own = if bench.statement_stats { 2 } else { 1 };
-    let check = bench.db.check_drain(perspectives).await?;
+    let mut check = bench.db.check_drain(perspectives).await?;
+    if crash_safe == Some(LimitTable::TriggerFree) {
+        check.remaining += bench.db.limit_copy_remaining().await?;
+    }
     if check.remaining > 0 || check.duplicates > 0 || rows < expected {
         return Err(BenchError::Incorrect(format!(
             "{what}: {rows} of {expected} rows done, {} left, {} applied twice",

@@ -274,6 +274,8 @@ async fn run_all(bench: &Bench) -> Result<report::Report, BenchError> {
     report.crash_safe = Some(limit);
 
     seed::apply(bench, &main).await?;
+    report.crash_safe_own = Some(limit::crash_safe_on_own_table(bench, &names, main.rows()).await?);
+    seed::apply(bench, &main).await?;
     report.floor = Some(limit::floor(bench, &names, main.rows()).await?);
 
     for check in config.checks.iter().copied() {

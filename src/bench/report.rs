@@ -23,6 +23,8 @@ pub struct Report {
     pub vantage: Option<DrainRun>,
     /// The crash-safe limit.
     pub crash_safe: Option<LimitRun>,
+    /// The same crash-safe shape on vantage's own work table (paying its lane triggers).
+    pub crash_safe_own: Option<LimitRun>,
     /// The single-transaction floor.
     pub floor: Option<LimitRun>,
     /// drain/limit of every round, in run order (one unless `--rounds`).
@@ -40,6 +42,7 @@ impl Report {
             server: Vec::new(),
             vantage: None,
             crash_safe: None,
+            crash_safe_own: None,
             floor: None,
             rounds: Vec::new(),
             checks: Vec::new(),
@@ -128,6 +131,15 @@ impl fmt::Display for Report {
             );
         }
         if let Some(l) = &self.crash_safe {
+            line(
+                &l.what,
+                l.rows,
+                l.elapsed.as_secs_f64(),
+                l.rate(),
+                &l.per_event,
+            );
+        }
+        if let Some(l) = &self.crash_safe_own {
             line(
                 &l.what,
                 l.rows,
