@@ -48,7 +48,12 @@ CREATE TABLE wh_perspectives (
     paused_reason    text,
     paused_by        text,
     -- When it was last resumed: only dead letters after it count toward a quarantine.
-    resumed_at       timestamptz
+    resumed_at       timestamptz,
+    -- A rebuild under way (or interrupted): its history is re-queued up to this position, in
+    -- chunks that commit one by one. Claims skip the perspective until the rebuild has queued
+    -- all of it and cleared this, so no lane is applied with a gap.
+    rebuild_up_to    bigint,
+    rebuild_started_at timestamptz
 );
 
 -- The work rows: one per event and subscribed perspective. A lane is (perspective, stream);

@@ -35,7 +35,8 @@ AS $$
 $$;
 
 -- The perspectives a claim may take: registered, not paused, not being rebuilt (this claim holds
--- the rebuild lock shared until it commits, so a rebuild waits for it), in random order.
+-- the rebuild lock shared until it commits, so a rebuild waits for it) and with no rebuild left
+-- unfinished (rebuild_up_to, part 1), in random order.
 CREATE FUNCTION wh_claimable_perspectives(p_names text[])
  RETURNS text[]
  LANGUAGE sql
@@ -44,6 +45,7 @@ AS $$
     FROM wh_perspectives p
     WHERE (p_names IS NULL OR p.perspective_name = ANY (p_names))
       AND p.paused_at IS NULL
+      AND p.rebuild_up_to IS NULL
       AND pg_try_advisory_xact_lock_shared(wh_perspective_lock_key(p.perspective_name));
 $$;
 

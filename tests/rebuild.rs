@@ -406,3 +406,53 @@ async fn a_rebuild_stuck_behind_a_lock_gives_up_after_the_lease_and_changes_noth
         .unwrap();
     assert!(!rebuilding, "the rebuild lock is released");
 }
+
+/// A rebuild killed after its reset, while it re-queues the history in chunks (played here by
+/// the mark such a rebuild leaves: `rebuild_up_to` set, no lock held), leaves the perspective
+/// unclaimed: no lane is applied with a gap. Rebuilding again redoes it: every event applied
+/// once after the reset, in stream order, and the mark gone. Catches: a re-queue in one long
+/// transaction (this test's shape is what it avoids), claims that resume on a partly re-queued
+/// perspective.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_killed_while_requeueing_leaves_the_perspective_unclaimed_until_redone() {
+    let env = env().await;
+    let daemon = env.daemon().await;
+    let s = Uuid::new_v4();
+    env.append(s, 2).await;
+    wait_drained(&env).await;
+
+    // The killed rebuild: reset done, mark set, part of the history not queued again.
+    sqlx::raw_sql(
+        "TRUNCATE public.rebuild_log; \
+         UPDATE wh_perspectives SET rebuild_up_to = (SELECT max(global_position) FROM wh_event_store), \
+                rebuild_started_at = now() WHERE perspective_name = 'ledger'",
+    )
+    .execute(env.store.pool())
+    .await
+    .unwrap();
+    env.append(s, 1).await;
+    assert!(
+        !env.eventually(
+            "SELECT count(*) FROM public.rebuild_log",
+            Duration::from_secs(2)
+        )
+        .await,
+        "nothing of a perspective with an unfinished rebuild is applied"
+    );
+
+    let run = finished(env.start_rebuild()).await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(
+        run.stderr.contains("was interrupted"),
+        "the rebuild says it redoes an interrupted one: {run:#?}"
+    );
+    wait_drained(&env).await;
+    assert_eq!(env.applied(s).await, [1, 2, 3], "each event once, in order");
+    assert_eq!(
+        env.count("SELECT count(*) FROM wh_perspectives WHERE rebuild_up_to IS NOT NULL")
+            .await,
+        0,
+        "the mark is cleared"
+    );
+    daemon.shutdown().await.unwrap();
+}

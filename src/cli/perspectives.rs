@@ -15,17 +15,25 @@
 //!    refused while one runs.
 //! 2. It waits, at most `worker.lease`, until no row of the perspective is validly leased to a
 //!    live instance: the applies in flight finish.
-//! 3. In ONE transaction (an interrupted rebuild changes nothing): it takes back every lease of
-//!    the perspective that is left (lapsed, held by a dead instance, or a straggler's after the
-//!    wait: their completion then matches nothing and rolls back, so no apply commits behind the
-//!    reset's back), runs `reset`, then re-queues every stored event of its types up to the end
-//!    of the store, skipping events already queued (`ON CONFLICT DO NOTHING`) and events with an
-//!    open dead letter (the operator decides those), and commits. Lock waits inside it are
-//!    bounded by `worker.lease` (`lock_timeout`).
-//! 4. It releases the lock, and only then do claims see the perspective again: every lane is
-//!    whole (re-queued history plus the events that arrived meanwhile), so events are applied in
-//!    stream order, each exactly once after the reset, with a `DELETE`-based reset as with
-//!    `TRUNCATE`.
+//! 3. In one short transaction (interrupted here, the rebuild changes nothing): it takes back
+//!    every lease of the perspective that is left (lapsed, held by a dead instance, or a
+//!    straggler's after the wait: their completion then matches nothing and rolls back, so no
+//!    apply commits behind the reset's back), runs `reset`, and marks the perspective as being
+//!    rebuilt up to the end of the store (`wh_perspectives.rebuild_up_to`); claims skip a
+//!    marked perspective even after this command is gone. Lock waits are bounded by
+//!    `worker.lease` (`lock_timeout`).
+//! 4. It re-queues every stored event of its types up to that position in chunks of
+//!    `REBUILD_BATCH`, each its own transaction, skipping events already queued (`ON CONFLICT
+//!    DO NOTHING`) and events with an open dead letter (the operator decides those). No
+//!    transaction is longer than a chunk, so a rebuild of a large store pins neither the vacuum
+//!    horizon nor any lock for its length, and producers never wait for it (they do not write
+//!    the lane index, migrations/0003_lanes.sql). Killed here, the perspective stays marked and
+//!    unclaimed (no lane is applied with a gap) until `perspectives rebuild` runs again and redoes
+//!    it; events already queued are skipped.
+//! 5. It clears the mark, releases the lock, and only then do claims see the perspective again:
+//!    every lane is whole (re-queued history plus the events that arrived meanwhile), so events
+//!    are applied in stream order, each exactly once after the reset, with a `DELETE`-based reset
+//!    as with `TRUNCATE`.
 
 use std::time::{Duration, Instant};
 
@@ -327,6 +335,9 @@ enum RebuildError {
     Busy(Duration),
     /// A statement failed.
     Failed(String),
+    /// A statement failed after the reset committed, while the history was being re-queued:
+    /// the perspective stays marked (and unclaimed) until a rebuild runs again.
+    Unfinished(String),
 }
 
 impl RebuildError {
@@ -342,6 +353,9 @@ impl RebuildError {
             RebuildError::Failed(e) => {
                 format!("Rebuild of '{name}' failed: {e}. Nothing was changed.")
             }
+            RebuildError::Unfinished(e) => format!(
+                "Rebuild of '{name}' failed while re-queueing its history: {e}. Its read model was reset and the daemons do not apply it until it is rebuilt: run `vantage perspectives rebuild {name}` again."
+            ),
         })
     }
 }
@@ -360,8 +374,9 @@ impl From<sqlx::Error> for RebuildError {
 
 /// The whole rebuild under the perspective's lock, on one dedicated connection: (a) take the
 /// lock (claims of the perspective stop; moves, requeues and replays of it refuse), (b) wait,
-/// bounded by `lease`, for applies in flight to finish, (c) in one transaction take back every
-/// lease, reset, re-queue, commit, (d) unlock and wake the daemons.
+/// bounded by `lease`, for applies in flight to finish, (c) in one short transaction take back
+/// every lease, reset and mark the perspective, (d) re-queue the history in chunks, then clear
+/// the mark, (e) unlock and wake the daemons.
 async fn rebuild_locked(
     ui: &Ui,
     store: &Store,
@@ -473,10 +488,11 @@ async fn rebuild_under_lock(
         tokio::time::sleep(IN_FLIGHT_POLL).await;
     }
 
-    // (c) One transaction: an interrupted rebuild changes nothing.
+    // (c) One short transaction: take back the leases, reset, and mark the perspective as being
+    // rebuilt. Interrupted here, the rebuild changes nothing.
     let mut tx = conn.begin().await?;
-    // A reset or re-queue never waits for other sessions' locks without bound (a TRUNCATE
-    // waiting for a reader would also hold up every new reader of the read model).
+    // A reset never waits for other sessions' locks without bound (a TRUNCATE waiting for a
+    // reader would also hold up every new reader of the read model).
     Store::set_local_lock_timeout_in(&mut tx, lease).await?;
     // Every remaining lease of the perspective is lapsed, held by a dead instance, or (after
     // the bound) a straggler's: taking them back fences the holders, whose completion then
@@ -491,21 +507,45 @@ async fn rebuild_under_lock(
         .map_err(|e| {
             RebuildError::Failed(format!("the reset statement failed: {}", e.message()))
         })?;
-    ui.note(format!("Reset the read model of '{name}'."));
     // Read after the reset, under the lock: an event stored later has its work row from the
-    // fan-out, and nobody can complete it before this transaction commits.
+    // fan-out, and no claim takes the perspective until the mark is cleared.
     let up_to = Store::max_global_position_in(&mut tx).await?;
-    let expected = store.history_event_count(&name, up_to).await?;
+    if let Some(earlier) = Store::mark_rebuild_in(&mut tx, &name, up_to).await? {
+        ui.note(format!(
+            "An earlier rebuild of '{name}' was interrupted (it had marked history up to position {earlier}); redoing it."
+        ));
+    }
+    tx.commit().await?;
+    ui.note(format!("Reset the read model of '{name}'."));
+
+    // (d) The history, re-queued in chunks that commit one by one: no transaction longer than a
+    // chunk, so neither the vacuum horizon nor anyone's locks are held for the whole rebuild.
+    // Interrupted here, the perspective stays marked (claims skip it, so no lane is applied with
+    // a gap) until a rebuild runs again and redoes it; already queued events are skipped.
+    let expected = store
+        .history_event_count(&name, up_to)
+        .await
+        .map_err(|e| RebuildError::Unfinished(e.to_string()))?;
     let mut queued = 0u64;
     let mut after = 0i64;
+    let unfinished = |e: StoreError| RebuildError::Unfinished(e.to_string());
     loop {
-        let (n, last) =
-            requeue_history_batch_in(&mut tx, &name, after, up_to, REBUILD_BATCH).await?;
+        let mut chunk = conn.begin().await.map_err(|e| unfinished(e.into()))?;
+        Store::set_local_lock_timeout_in(&mut chunk, lease)
+            .await
+            .map_err(unfinished)?;
+        let (n, last) = requeue_history_batch_in(&mut chunk, &name, after, up_to, REBUILD_BATCH)
+            .await
+            .map_err(unfinished)?;
+        chunk.commit().await.map_err(|e| unfinished(e.into()))?;
         queued += n;
         let Some(last) = last else { break };
         after = last;
         ui.note(format!("queued {queued} of ~{expected}"));
     }
-    tx.commit().await?;
+    // (e) Done: claims may take the perspective again (after the lock goes, in the caller).
+    Store::clear_rebuild_in(conn, &name)
+        .await
+        .map_err(unfinished)?;
     Ok((queued, expected))
 }

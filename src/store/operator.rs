@@ -147,6 +147,40 @@ impl Store {
         Ok(done.rows_affected())
     }
 
+    /// Marks the perspective as being rebuilt up to `up_to` (claims skip it until
+    /// [`clear_rebuild_in`](Self::clear_rebuild_in)); returns the position an earlier, interrupted
+    /// rebuild had marked, if any.
+    pub async fn mark_rebuild_in(
+        conn: &mut PgConnection,
+        perspective: &str,
+        up_to: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        let before: Option<Option<i64>> = sqlx::query_scalar(
+            "WITH old AS (SELECT rebuild_up_to FROM wh_perspectives                           WHERE perspective_name = $1 FOR UPDATE)              UPDATE wh_perspectives p SET rebuild_up_to = $2, rebuild_started_at = now()              FROM old WHERE p.perspective_name = $1 RETURNING old.rebuild_up_to",
+        )
+        .bind(perspective)
+        .bind(up_to)
+        .fetch_optional(conn)
+        .await
+        .map_err(map_db_error)?;
+        Ok(before.flatten())
+    }
+
+    /// Ends a rebuild: its history is queued, claims may take the perspective again.
+    pub async fn clear_rebuild_in(
+        conn: &mut PgConnection,
+        perspective: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE wh_perspectives SET rebuild_up_to = NULL, rebuild_started_at = NULL              WHERE perspective_name = $1",
+        )
+        .bind(perspective)
+        .execute(conn)
+        .await
+        .map_err(map_db_error)?;
+        Ok(())
+    }
+
     /// The highest global position in the store (0 when empty), on the caller's connection.
     pub async fn max_global_position_in(conn: &mut PgConnection) -> Result<i64, StoreError> {
         sqlx::query_scalar("SELECT coalesce(max(global_position), 0) FROM wh_event_store")

@@ -83,7 +83,9 @@ CREATE TABLE wh_perspectives (
     paused_at timestamp with time zone,
     paused_reason text,
     paused_by text,
-    resumed_at timestamp with time zone
+    resumed_at timestamp with time zone,
+    rebuild_up_to bigint,
+    rebuild_started_at timestamp with time zone
 );
 
 -- table wh_service_instances
@@ -995,6 +997,7 @@ AS $function$
     FROM wh_perspectives p
     WHERE (p_names IS NULL OR p.perspective_name = ANY (p_names))
       AND p.paused_at IS NULL
+      AND p.rebuild_up_to IS NULL
       AND pg_try_advisory_xact_lock_shared(wh_perspective_lock_key(p.perspective_name));
 $function$
 ;
