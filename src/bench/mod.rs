@@ -103,11 +103,14 @@ pub enum Check {
     Latency,
     /// Resident memory with the cooldown cache full.
     Rss,
+    /// A producer's append latency while the daemon retries failing heads of its streams, and
+    /// while a rebuild re-queues their history, against the same appends with vantage idle.
+    Producers,
 }
 
 impl Check {
     /// Every check, in the order they run.
-    pub const ALL: [Check; 8] = [
+    pub const ALL: [Check; 9] = [
         Check::DeadLetter,
         Check::Parked,
         Check::Perspectives,
@@ -116,6 +119,7 @@ impl Check {
         Check::Rss,
         Check::ClaimScale,
         Check::DeadTuples,
+        Check::Producers,
     ];
 
     /// The command-line spelling.
@@ -129,6 +133,7 @@ impl Check {
             Check::DeadLetter => "dead-letter",
             Check::Latency => "latency",
             Check::Rss => "rss",
+            Check::Producers => "producers",
         }
     }
 

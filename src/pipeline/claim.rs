@@ -1,6 +1,7 @@
-//! The claim stage: one call (`claim_perspective_work`) takes due lanes from the lane index and
-//! leases the claimable prefix of each, returning the rows raw; the lanes are then reserved in
-//! this process.
+//! The claim stage: one call of `get_stream_events` (with no stream list) folds the lane
+//! wake-ups into the lane index, takes due lanes from it (orphaned ones included: expired
+//! leases, dead holders) and leases the claimable prefix of each, returning the rows raw; the
+//! lanes are then reserved in this process. No other claim function is on the daemon's path.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The drain pipeline, one stage per module, in the order an event goes through them:
 //!
-//! 1. [`claim`]: acquire lanes and fetch their rows raw (`claim_orphaned_perspective_events`,
-//!    `get_stream_events`);
+//! 1. [`claim`]: acquire lanes and fetch their rows raw (`get_stream_events`, one call; orphaned
+//!    lanes included);
 //! 2. [`dlq_filter`]: rows claimed more than `max_perspective_event_attempts` times go to the
 //!    dead letters, before any deserialization;
 //! 3. [`envelope`]: survivors become typed [`EventEnvelope`](crate::perspective::EventEnvelope)s;

@@ -1,5 +1,5 @@
 //! The batched apply of SQL perspectives: many events' statements in one round trip, inside the
-//! batch's transaction (migration 0005, `apply_perspective_statements`).
+//! batch's transaction (migrations/0007_apply.sql, `apply_perspective_statements`).
 
 use uuid::Uuid;
 

@@ -578,6 +578,62 @@ impl BenchStore {
         )
     }
 
+    /// The stream ids `SEED` gave the streams of a part seeded with `salt`.
+    pub async fn stream_ids(&self, salt: &str, streams: i64) -> Result<Vec<Uuid>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "/* vantage-bench */ SELECT md5($1 || ':s:' || s)::uuid FROM generate_series(0, $2 - 1) s",
+        )
+        .bind(salt)
+        .bind(streams)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// Apply failures recorded so far on the perspective's queued rows.
+    pub async fn failures_recorded(&self, perspective: &str) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(
+            "/* vantage-bench */ SELECT coalesce(sum(failures), 0)::bigint \
+             FROM wh_perspective_events WHERE perspective_name = $1",
+        )
+        .bind(perspective)
+        .fetch_one(self.pool())
+        .await?)
+    }
+
+    /// A rebuild's re-queue, once over: deletes the perspective's queued rows, then queues its
+    /// whole history again in chunks of `chunk` events, each chunk its own transaction (as
+    /// `perspectives rebuild` does).
+    pub async fn requeue_history_chunks(
+        &self,
+        perspective: &str,
+        chunk: i64,
+    ) -> Result<u64, StoreError> {
+        sqlx::query(
+            "/* vantage-bench */ DELETE FROM wh_perspective_events WHERE perspective_name = $1",
+        )
+        .bind(perspective)
+        .execute(self.pool())
+        .await?;
+        let up_to: i64 = sqlx::query_scalar(
+            "/* vantage-bench */ SELECT coalesce(max(global_position), 0) FROM wh_event_store",
+        )
+        .fetch_one(self.pool())
+        .await?;
+        let mut conn = self.pool().acquire().await?;
+        let (mut after, mut queued) = (0i64, 0u64);
+        loop {
+            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+            let (n, last) =
+                super::requeue_history_batch_in(&mut tx, perspective, after, up_to, chunk).await?;
+            tx.commit().await?;
+            queued += n;
+            match last {
+                Some(last) => after = last,
+                None => return Ok(queued),
+            }
+        }
+    }
+
     /// The single-transaction floor (see `LIMIT_FLOOR`): rows applied and deleted.
     pub async fn limit_floor(
         &self,

@@ -1,7 +1,7 @@
 //! Triage at scale (SPEC §4.1, §4.2): dead letters grouped by error fingerprint, the lanes whose
 //! head is parked or failing (and what waits behind them), and pausing a perspective.
 //!
-//! - Fingerprints are computed in SQL (`wh_error_fingerprint`, migration 0008) and stored on
+//! - Fingerprints are computed in SQL (`wh_error_fingerprint`, migrations/0008_triage.sql) and stored on
 //!   every dead letter (`error_fingerprint`, a generated column); grouping runs in the database
 //!   over the partial index of open dead letters by fingerprint, so millions of dead letters are
 //!   never loaded into the process. A failing work row gets its fingerprint from its
@@ -11,7 +11,7 @@
 //! - A paused perspective is not claimed (`wh_claimable_perspectives`, `get_stream_events`);
 //!   pausing is a row update, so every daemon sees it at its next claim. Quarantine is the
 //!   same update, made by a daemon when the perspective's recent dead letters reach its
-//!   `quarantine_after` (migration 0011).
+//!   `quarantine_after` (migrations/0008_triage.sql).
 
 use std::time::Duration;
 
