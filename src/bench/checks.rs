@@ -101,6 +101,7 @@ pub async fn run(bench: &Bench, check: Check, main: &DrainRun) -> Result<CheckOu
         Check::ClaimScale => claim_scale(bench).await,
         Check::DeadTuples => dead_tuples(bench).await,
         Check::Producers => producers(bench).await,
+        Check::HeldAppend => held_append(bench).await,
     }
 }
 
@@ -564,6 +565,77 @@ async fn producers(bench: &Bench) -> Result<CheckOutcome, BenchError> {
         "append p99 during a rebuild's re-queue / idle",
         rebuilding.p99_ms / idle.p99_ms.max(1e-9),
         Some(Target::AtMost(1.5)),
+    );
+    Ok(out)
+}
+
+/// A producer's transaction held open over streams with work (a stalled bulk import that
+/// appended once to each of 300 backlog streams): the daemon drains every other row at the rate
+/// it drains them without it (target: at least 0.8 of it), and the held events are applied as
+/// soon as the producer commits.
+async fn held_append(bench: &Bench) -> Result<CheckOutcome, BenchError> {
+    const HELD: i64 = 300;
+    let mut out = CheckOutcome::new(Check::HeldAppend);
+    let n = (bench.config.events / 4).clamp(1_000, 50_000);
+    let streams = bench.config.streams.clamp(HELD as u64, n);
+    let seed = Seed::healthy(n, streams, 1, payload(bench));
+    seed::apply(bench, &seed).await?;
+    let free = drain::drain(bench, &seed, "drain, nothing held").await?;
+    out.drain_line(&free);
+
+    seed::apply(bench, &seed).await?;
+    let held_streams = bench.db.stream_ids("main", HELD).await?;
+    let mut producer = bench
+        .db
+        .store()
+        .pool()
+        .begin()
+        .await
+        .map_err(crate::store::StoreError::from)?;
+    for s in &held_streams {
+        crate::store::append_events_in(
+            &mut producer,
+            *s,
+            None,
+            &[crate::store::NewEvent::new(
+                crate::store::bench::BENCH_EVENT_TYPE,
+                serde_json::json!({ "held": true }),
+            )],
+        )
+        .await?;
+    }
+    let held_since = std::time::Instant::now();
+    let beside = drain::drain(bench, &seed, "drain, 300 streams' appends held open").await?;
+    out.drain_line(&beside);
+    let held_for = held_since.elapsed();
+
+    // The commit, with a daemon running: how soon are the held events applied?
+    let daemons = drain::start(bench, &seed).await?;
+    producer
+        .commit()
+        .await
+        .map_err(crate::store::StoreError::from)?;
+    let committed = std::time::Instant::now();
+    let after = drain::watch(
+        bench,
+        &seed,
+        "the held events, after the commit",
+        HELD as u64,
+        daemons,
+        None,
+    )
+    .await?;
+    let applied_in = committed.elapsed();
+    out.details.push(format!(
+        "held open {:.1} s over {HELD} streams with work; after the commit its {} events were applied in {:.0} ms",
+        held_for.as_secs_f64(),
+        after.rows,
+        applied_in.as_secs_f64() * 1e3
+    ));
+    out.ratio(
+        "drain beside a held append / without (rows/s)",
+        beside.rate() / free.rate().max(1e-9),
+        Some(Target::AtLeast(0.8)),
     );
     Ok(out)
 }

@@ -106,11 +106,14 @@ pub enum Check {
     /// A producer's append latency while the daemon retries failing heads of its streams, and
     /// while a rebuild re-queues their history, against the same appends with vantage idle.
     Producers,
+    /// The drain while a producer holds an append to 300 streams with work open, against the
+    /// same drain without it; then how soon the held events apply after the commit.
+    HeldAppend,
 }
 
 impl Check {
     /// Every check, in the order they run.
-    pub const ALL: [Check; 9] = [
+    pub const ALL: [Check; 10] = [
         Check::DeadLetter,
         Check::Parked,
         Check::Perspectives,
@@ -120,6 +123,7 @@ impl Check {
         Check::ClaimScale,
         Check::DeadTuples,
         Check::Producers,
+        Check::HeldAppend,
     ];
 
     /// The command-line spelling.
@@ -134,6 +138,7 @@ impl Check {
             Check::Latency => "latency",
             Check::Rss => "rss",
             Check::Producers => "producers",
+            Check::HeldAppend => "held-append",
         }
     }
 
