@@ -48,14 +48,8 @@ pub async fn crash_safe(
     expected: u64,
 ) -> Result<LimitRun, BenchError> {
     bench.db.move_work_to_limit_copy().await?;
-    run(
-        bench,
-        perspectives,
-        expected,
-        "limit, crash-safe",
-        Some(LimitTable::TriggerFree),
-    )
-    .await
+    let shape = Some(LimitTable::TriggerFree);
+    run(bench, perspectives, expected, "limit, crash-safe", shape).await
 }
 
 /// The crash-safe shape on vantage's own work table (its lane triggers included).
@@ -64,12 +58,13 @@ pub async fn crash_safe_on_own_table(
     perspectives: &[String],
     expected: u64,
 ) -> Result<LimitRun, BenchError> {
+    let shape = Some(LimitTable::Vantage);
     run(
         bench,
         perspectives,
         expected,
         "limit, on vantage's table",
-        Some(LimitTable::Vantage),
+        shape,
     )
     .await
 }

@@ -130,25 +130,10 @@ impl fmt::Display for Report {
                 &v.per_event,
             );
         }
-        if let Some(l) = &self.crash_safe {
-            line(
-                &l.what,
-                l.rows,
-                l.elapsed.as_secs_f64(),
-                l.rate(),
-                &l.per_event,
-            );
-        }
-        if let Some(l) = &self.crash_safe_own {
-            line(
-                &l.what,
-                l.rows,
-                l.elapsed.as_secs_f64(),
-                l.rate(),
-                &l.per_event,
-            );
-        }
-        if let Some(l) = &self.floor {
+        for l in [&self.crash_safe, &self.crash_safe_own, &self.floor]
+            .into_iter()
+            .flatten()
+        {
             line(
                 &l.what,
                 l.rows,
