@@ -95,7 +95,9 @@ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 /// The physical limit's own work table: a copy of `wh_perspective_events` with the same
 /// columns, constraints, storage options and best index (the lane index), and none of vantage's
 /// triggers (no lane index, no wake-ups), so the limit pays for nothing of vantage's
-/// bookkeeping. Filled from the seeded work rows, which then leave vantage's table.
+/// bookkeeping. Filled from the seeded work rows, which then leave vantage's table, in the
+/// physical order the fan-out gave them (by position): copied in lane order instead, a batch's
+/// rows would share pages and most leases would find no room for a HOT update.
 const LIMIT_COPY: &str = "
 CREATE TABLE IF NOT EXISTS bench_limit_work
     (LIKE wh_perspective_events INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)
@@ -104,7 +106,7 @@ CREATE TABLE IF NOT EXISTS bench_limit_work
           autovacuum_analyze_scale_factor = 0.02);
 TRUNCATE bench_limit_work;
 INSERT INTO bench_limit_work
-SELECT * FROM wh_perspective_events ORDER BY perspective_name, stream_id, stream_version;
+SELECT * FROM wh_perspective_events ORDER BY global_position, perspective_name;
 TRUNCATE wh_perspective_events, wh_perspective_lanes, wh_lane_wakeups";
 
 /// The crash-safe limit's two statements on a given work table (a literal: `wh_perspective_events`
