@@ -966,3 +966,52 @@ async fn replay_and_requeue_refuse_while_the_perspective_is_being_rebuilt() {
         "",
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Hardening (issue 19, defect 1): a dry run never changes anything, whatever the target form.
+
+#[tokio::test]
+async fn purge_position_dry_run_changes_nothing_and_limit_needs_a_group() {
+    let env = with_dead_letters().await;
+
+    // A real dry run for a single position: says what it would purge, purges nothing.
+    env.run(&["dlq", "purge", "4", "--dry-run", "--yes"])
+        .await
+        .expect(
+            0,
+            "Would purge 1 dead-lettered event(s) (dry run; nothing was changed):\n  \
+             position 4 of 'order_summary' (PermanentFailure)\n",
+            "",
+        );
+    assert_eq!(env.status_of("order_summary", 4).await, "exhausted");
+    let run = env.run(&["dlq", "purge", "4", "--dry-run", "--json"]).await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert_eq!(
+        run.json()["data"],
+        json!({
+            "count": 1, "dry_run": true, "purged": 0,
+            "items": [{"outcome": "would_purge", "perspective": "order_summary", "position": 4, "reason": "PermanentFailure"}],
+        })
+    );
+    assert_eq!(env.status_of("order_summary", 4).await, "exhausted");
+
+    // --limit bounds a bulk walk only: with a position it is a usage error, nothing purged.
+    let run = env
+        .run(&["dlq", "purge", "4", "--limit", "0", "--yes"])
+        .await;
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("--limit"), "{run:#?}");
+    assert_eq!(env.status_of("order_summary", 4).await, "exhausted");
+    // The same rule for requeue (already so): --limit with a position is refused.
+    let run = env
+        .run(&["dlq", "requeue", "4", "--limit", "0", "--yes"])
+        .await;
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert_eq!(env.status_of("order_summary", 4).await, "exhausted");
+    // And a position dry run of requeue and replay writes nothing, no history.
+    env.run(&["dlq", "requeue", "4", "--dry-run", "--yes"])
+        .await;
+    assert_eq!(env.status_of("order_summary", 4).await, "exhausted");
+    let kinds = env.history_of("order_summary", 4).await.len();
+    assert_eq!(kinds, 1, "only the Exhausted record");
+}
