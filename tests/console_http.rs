@@ -15,7 +15,8 @@ use tower::ServiceExt as _;
 use vantage::config::{ConsoleSettings, Secret, Settings};
 use vantage::console::{self, security, ConsoleState};
 
-use cli_support::{base_command, finish, seeded, Env};
+use cli_support::{base_command, finish, seeded, Env, STREAM_A, STREAM_B};
+use serde_json::json;
 
 /// The test's configuration file (its perspectives are the handlers a replay runs) with
 /// `console` as the `[console]` section.
@@ -1697,4 +1698,65 @@ async fn the_detail_page_previews_a_replay_without_writing_anything() {
     );
     assert_eq!(env.status_of("order_summary", 1).await, "exhausted");
     assert_eq!(env.history_of("order_summary", 1).await.len(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hardening (issue 19)
+
+/// Defect 3: a confirmed bulk action finishes, and says what it did, even when the request
+/// that started it goes away part-way (before: the walk stopped with the request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_action_finishes_when_its_request_goes_away() {
+    let env = Env::with_extra_config(
+        "\n[[perspectives]]\nname = \"slow\"\nevents = [\"OrderPlaced\", \"OrderShipped\"]\n\
+         [perspectives.sql]\nOrderPlaced = \"SELECT pg_sleep(0.4)\"\nOrderShipped = \"SELECT pg_sleep(0.4)\"\n",
+    )
+    .await;
+    env.store
+        .register_perspective("slow", &["OrderPlaced".into(), "OrderShipped".into()])
+        .await
+        .unwrap();
+    let a = env
+        .append(
+            STREAM_A,
+            &[("OrderPlaced", json!({})), ("OrderPlaced", json!({}))],
+        )
+        .await;
+    let b = env
+        .append(
+            STREAM_B,
+            &[("OrderPlaced", json!({})), ("OrderShipped", json!({}))],
+        )
+        .await;
+    let positions: Vec<i64> = a.iter().chain(&b).map(|e| e.global_position).collect();
+    for &p in &positions {
+        env.dead_letter("slow", p, "MaxAttemptsExceeded").await;
+    }
+    let console = open_console(&env);
+    let preview = ok(get(&console, "/bulk?action=replay&perspective=slow").await);
+    let fields = confirmation(&preview, &[("perspective", "slow")]);
+    // The client gives up while the first replay runs.
+    let gave_up = tokio::time::timeout(
+        std::time::Duration::from_millis(600),
+        confirm(&console, &fields),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the bulk replay took longer than that");
+    let started = std::time::Instant::now();
+    loop {
+        let mut open = 0;
+        for &p in &positions {
+            if env.status_of("slow", p).await == "exhausted" {
+                open += 1;
+            }
+        }
+        if open == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "{open} of 4 stayed dead-lettered: the walk stopped with its request"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }

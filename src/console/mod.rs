@@ -172,12 +172,12 @@ pub async fn serve(
     state: ConsoleState,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    // The same request-head timeout and connection cap as the probes' server.
-    let listener = crate::telemetry::http::BoundedListener::new(
+    // The same request-head and body timeouts and connection cap as the probes' server.
+    crate::telemetry::http::serve_router(
         listener,
+        router(state),
+        shutdown,
         crate::telemetry::http::Limits::default(),
-    );
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    )
+    .await
 }
