@@ -689,3 +689,55 @@ async fn a_move_on_behalf_of_a_lease_only_moves_rows_leased_to_it() {
         .unwrap();
     assert!(matches!(moved, MoveOutcome::Moved(_)));
 }
+
+/// Issue 19, defect 4: after DDL, a row-returning statement fails with "cached plan must not
+/// change result type" (0A000) on every pooled connection that prepared it. That failure is
+/// the connection's, not the event's: it is never charged, and it heals without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_cached_plan_after_ddl_is_not_charged_to_the_event() {
+    let env = env().await;
+    env.exec("CREATE TABLE rm_rows (event_id uuid PRIMARY KEY)")
+        .await;
+    register(&env, "rm", &["Ok", "Bad"]).await;
+    let perspectives = "[[perspectives]]\nname = \"rm\"\nevents = [\"Ok\", \"Bad\"]\n\
+        [perspectives.sql]\nOk = \"INSERT INTO rm_rows (event_id) VALUES ($3) RETURNING *\"\n\
+        Bad = \"SELECT 1/0\"\n";
+    let s = settings(&env.url, perspectives, |w| {
+        w.consumers = 1;
+        // A charged row stays parked for the test's length: each round is one careful pass.
+        w.retry_backoff_base = secs(3600);
+        w.retry_backoff_max = secs(3600);
+    });
+    let daemon = daemon_on(&env, s).start().await.unwrap();
+    for round in 0..8 {
+        // `Bad` fails the fast pass, so the careful pass runs `Ok` on its own (a prepared,
+        // cached statement on whichever pooled connection the batch got).
+        let stream = Uuid::new_v4();
+        append(&env, stream, &["Ok", "Bad"]).await;
+        let charged =
+            format!("SELECT count(*) FROM wh_perspective_events WHERE stream_id = '{stream}' AND failures > 0");
+        env.wait_until(&charged, 1, Duration::from_secs(30)).await;
+        let left: Vec<(String, Option<String>)> = sqlx::query_as(
+            "SELECT e.event_type, w.last_error FROM wh_perspective_events w \
+             JOIN wh_event_store e USING (event_id) WHERE w.stream_id = $1",
+        )
+        .bind(stream)
+        .fetch_all(env.store.pool())
+        .await
+        .unwrap();
+        assert_eq!(
+            left.iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>(),
+            ["Bad"],
+            "round {round}: only the poison event is charged, the healthy one is applied: {left:?}"
+        );
+        env.exec(&format!("ALTER TABLE rm_rows ADD COLUMN c{round} int"))
+            .await;
+    }
+    shutdown_within(daemon, Duration::from_secs(15)).await;
+    assert_eq!(env.scalar("SELECT count(*) FROM rm_rows").await, 8);
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM wh_dead_letters").await,
+        0,
+        "nothing dead-lettered"
+    );
+}

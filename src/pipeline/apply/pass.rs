@@ -189,6 +189,15 @@ fn is_cooled<S: WorkStore>(ctx: &ApplyContext<S>, id: Uuid) -> bool {
     ctx.cooldown.as_ref().is_some_and(|c| c.is_cooled(id))
 }
 
+/// Whether a handler failed because a statement its connection had prepared and cached no
+/// longer matches the schema (SQLSTATE 0A000, "cached plan must not change result type",
+/// after an `ALTER TABLE` or a re-created function): a failure of the connection's statement
+/// cache, which clearing it heals.
+fn is_stale_plan(e: &ApplyError) -> bool {
+    e.message()
+        .contains("cached plan must not change result type")
+}
+
 /// What one handler call produced.
 enum Applied {
     Done,
@@ -527,7 +536,32 @@ pub(super) async fn apply_careful<S: WorkStore>(
                 return Err(e.into());
             }
             lease.mark_started(ev.event_work_id);
-            let result = timed_apply(ctx, lane.perspective.as_ref(), ev, &mut btx.tx).await;
+            let mut result = timed_apply(ctx, lane.perspective.as_ref(), ev, &mut btx.tx).await;
+            if matches!(&result, Applied::Failed(e) if is_stale_plan(e)) {
+                // The connection's cached statement is stale (DDL changed its result type):
+                // the connection's failure, not the event's. Forget the connection's cached
+                // statements and run the event once more, uncharged.
+                let healed = async {
+                    btx.tx.rollback_to_savepoint().await?;
+                    if let Some(conn) = btx.tx.connection() {
+                        use sqlx::Connection as _;
+                        conn.clear_cached_statements()
+                            .await
+                            .map_err(StoreError::from)?;
+                    }
+                    btx.tx.savepoint().await
+                }
+                .await;
+                if let Err(e) = healed {
+                    pass.marks.forget(ctx);
+                    return Err(e.into());
+                }
+                tracing::info!(
+                    perspective = %ev.perspective_name,
+                    "a cached statement plan went stale after a schema change; the connection's statement cache was cleared and the event is applied again"
+                );
+                result = timed_apply(ctx, lane.perspective.as_ref(), ev, &mut btx.tx).await;
+            }
             let failure = match result {
                 Applied::Done => match btx.tx.release_savepoint().await {
                     Ok(()) => {
