@@ -1015,3 +1015,53 @@ async fn purge_position_dry_run_changes_nothing_and_limit_needs_a_group() {
     let kinds = env.history_of("order_summary", 4).await.len();
     assert_eq!(kinds, 1, "only the Exhausted record");
 }
+
+/// Issue 19, defects 5 and 17: an event type or error text from a producer cannot drive the
+/// terminal: control characters, bidi overrides and zero-width characters are escaped in every
+/// human view (JSON escapes them already).
+#[tokio::test]
+async fn human_views_escape_control_and_invisible_characters() {
+    let env = with_dead_letters().await;
+    let hostile_type = "Order\u{1b}]0;pwned\u{7}\u{202e}decalP\u{200b}";
+    let appended = env
+        .append(Uuid::new_v4(), &[(hostile_type, json!({"x": 1}))])
+        .await;
+    let n = appended[0].global_position;
+    env.dead_letter_with_error(
+        "audit",
+        n,
+        "MaxAttemptsExceeded",
+        "invalid input \u{1b}[2J\u{8}\u{8}\u{8}ok\r\nINFO forged (SQLSTATE 22P02)",
+    )
+    .await;
+    let p = n.to_string();
+    let runs = [
+        env.run(&["dlq", "inspect", &p]).await,
+        env.run(&["dlq", "groups"]).await,
+        env.run(&["dlq", "list"]).await,
+        env.run(&["dlq", "replay", &p, "--yes"]).await,
+        env.run(&["dlq", "replay", &p, "--dry-run"]).await,
+    ];
+    for run in &runs {
+        let all = format!("{}{}", run.stdout, run.stderr);
+        for bad in ['\u{1b}', '\u{7}', '\u{8}', '\r', '\u{202e}', '\u{200b}'] {
+            assert!(!all.contains(bad), "{bad:?} reached the terminal: {run:#?}");
+        }
+    }
+    assert!(
+        runs[0]
+            .stdout
+            .contains("Order\\u{1b}]0;pwned\\u{7}\\u{202e}decalP\\u{200b}"),
+        "{:#?}",
+        runs[0]
+    );
+    assert!(
+        runs[0].stdout.contains("invalid input \\u{1b}[2J\\u{8}"),
+        "{:#?}",
+        runs[0]
+    );
+    assert!(runs[1].stdout.contains("Order\\u{1b}"), "{:#?}", runs[1]);
+    // JSON keeps the text as it is (escaped by JSON itself).
+    let run = env.run(&["dlq", "inspect", &p, "--json"]).await;
+    assert_eq!(run.json()["data"]["type"], hostile_type);
+}
