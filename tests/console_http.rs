@@ -1667,12 +1667,12 @@ async fn the_detail_page_previews_a_replay_without_writing_anything() {
 
     let page = ok(get(&console, "/dead-letters/1/order_summary").await);
     assert!(
-        page.contains("href=\"/dead-letters/1/order_summary?preview=replay#replay-preview\""),
+        page.contains("formaction=\"/dead-letters/1/order_summary#replay-preview\" name=\"preview\" value=\"replay\""),
         "{page}"
     );
     assert!(!page.contains("What a replay would change"), "{page}");
 
-    let page = ok(get(&console, "/dead-letters/1/order_summary?preview=replay").await);
+    let page = ok(preview_replay(&console, "/dead-letters/1/order_summary").await);
     assert!(page.contains("What a replay would change"), "{page}");
     assert!(
         page.contains("The handler succeeds: a replay would resolve position 1."),
@@ -1685,7 +1685,7 @@ async fn the_detail_page_previews_a_replay_without_writing_anything() {
     assert!(page.contains("<pre>(none)</pre>"), "{page}");
     assert!(page.contains(cli_support::ORDER_1), "{page}");
 
-    let page = ok(get(&console, "/dead-letters/2/order_summary?preview=replay").await);
+    let page = ok(preview_replay(&console, "/dead-letters/2/order_summary").await);
     assert!(
         page.contains("The handler fails: invalid input syntax for type numeric"),
         "{page}"
@@ -1759,4 +1759,63 @@ async fn a_bulk_action_finishes_when_its_request_goes_away() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+}
+
+/// The detail page's preview button, as the browser sends it (same origin).
+async fn preview_replay(console: &Router, uri: &str) -> (Response<Body>, String) {
+    send(
+        console,
+        form_post(
+            uri,
+            &[("preview", "replay")],
+            &[("sec-fetch-site", "same-origin")],
+        ),
+    )
+    .await
+}
+
+/// Defect 7: a GET never runs a perspective's statement (the replay preview executes it, rolled
+/// back: an action), and a read-only console runs none at all.
+#[tokio::test]
+async fn a_replay_preview_runs_only_on_a_same_origin_post_and_never_when_read_only() {
+    let env = seeded().await;
+    env.dead_letter("order_summary", 1, "MaxAttemptsExceeded")
+        .await;
+    let console = open_console(&env);
+    for method in ["GET", "HEAD"] {
+        let request = Request::builder()
+            .method(method)
+            .uri("/dead-letters/1/order_summary?preview=replay")
+            .header(header::HOST, "127.0.0.1:9465")
+            .body(Body::empty())
+            .unwrap();
+        let (response, body) = send(&console, request).await;
+        assert_eq!(response.status(), StatusCode::OK, "{body}");
+        assert!(!body.contains("What a replay would change"), "{body}");
+    }
+    // A cross-site POST is refused before anything runs.
+    let (response, _) = send(
+        &console,
+        form_post(
+            "/dead-letters/1/order_summary",
+            &[("preview", "replay")],
+            &[("sec-fetch-site", "cross-site")],
+        ),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    // Read-only: refused, nothing run.
+    let read_only = console_with(
+        &env,
+        &ConsoleSettings {
+            read_only: true,
+            ..ConsoleSettings::default()
+        },
+    );
+    let (response, body) = preview_replay(&read_only, "/dead-letters/1/order_summary").await;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN, "{body}");
+    assert!(!body.contains("What a replay would change"), "{body}");
+    // A same-origin POST on a console that may act: the preview.
+    let page = ok(preview_replay(&console, "/dead-letters/1/order_summary").await);
+    assert!(page.contains("What a replay would change"), "{page}");
 }

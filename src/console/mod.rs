@@ -7,7 +7,9 @@
 //! - `GET /dead-letters` — the list (`pages::dead_letters`), every filter in the URL (a GET
 //!   form), a count, keyset pages;
 //! - `GET /dead-letters/{position}/{perspective}` — the detail (`pages::detail`), the event
-//!   re-read live from `wh_event_store` as `vantage dlq inspect` does;
+//!   re-read live from `wh_event_store` as `vantage dlq inspect` does; `POST` to the same path
+//!   with `preview=replay` adds a replay's dry run (it runs the statement, rolled back: an
+//!   action, so CSRF-checked and refused when read-only; a GET never runs one);
 //! - `GET /groups` — open dead letters grouped by error fingerprint (`pages::groups`), each
 //!   linking to the list filtered by it and to the bulk previews of that filter;
 //! - `GET /blocked` — the lanes whose head is parked or failing and what waits behind them
@@ -135,7 +137,7 @@ pub fn router(state: ConsoleState) -> Router {
         .route("/blocked", get(pages::blocked::show))
         .route(
             "/dead-letters/{position}/{perspective}",
-            get(pages::detail::show),
+            get(pages::detail::show).post(pages::detail::preview),
         )
         .route("/console.css", get(view::stylesheet))
         .route("/actions", post(pages::actions::act))

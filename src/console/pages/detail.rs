@@ -27,12 +27,19 @@ fn pretty(value: &serde_json::Value) -> String {
     serde_json::to_string_pretty(&sorted).unwrap_or_else(|_| sorted.to_string())
 }
 
-/// The detail's query: the message of the action that redirected here.
+/// The detail's query: the message of the action that redirected here. (A `preview` in the
+/// query is ignored: a GET never runs a perspective's statement; the preview is a POST.)
 #[derive(Debug, Default, Deserialize)]
 pub struct DetailQuery {
     flash: Option<String>,
-    /// `replay`: show what a replay would change, from a dry run (rolled back).
-    preview: Option<String>,
+}
+
+/// The form of `POST /dead-letters/{position}/{perspective}`: `preview=replay` (the replay
+/// form's fields, also sent, are ignored).
+#[derive(Debug, Default, Deserialize)]
+pub struct PreviewForm {
+    #[serde(default)]
+    preview: String,
 }
 
 /// Runs the replay's dry run ([`dlq::dry_run`], as `vantage dlq replay --dry-run` does) for the
@@ -100,12 +107,53 @@ async fn replay_preview(state: &ConsoleState, dl: &DeadLetter) -> ReplayPreviewV
     view
 }
 
-/// `GET /dead-letters/{position}/{perspective}`.
+/// `GET /dead-letters/{position}/{perspective}`: reads only, runs no statement of a
+/// perspective.
 pub async fn show(
     State(state): State<ConsoleState>,
     Path((position, perspective)): Path<(i64, String)>,
     Query(query): Query<DetailQuery>,
 ) -> Result<Response, PageError> {
+    page(
+        &state,
+        position,
+        &perspective,
+        query.flash.as_deref(),
+        false,
+    )
+    .await
+}
+
+/// `POST /dead-letters/{position}/{perspective}` with `preview=replay`: the page with what a
+/// replay would change, from a dry run (the statement runs, rolled back). Executing a
+/// perspective's statement is an action: a POST (so the CSRF check applies), refused by a
+/// read-only console.
+pub async fn preview(
+    State(state): State<ConsoleState>,
+    Path((position, perspective)): Path<(i64, String)>,
+    axum::extract::Form(form): axum::extract::Form<PreviewForm>,
+) -> Result<Response, PageError> {
+    if let Some(refused) = super::actions::refuse_read_only(&state) {
+        return Ok(refused);
+    }
+    if form.preview != "replay" {
+        return Err(PageError::BadRequest(format!(
+            "preview = {:?} is not a preview: use replay.",
+            form.preview
+        )));
+    }
+    page(&state, position, &perspective, None, true).await
+}
+
+async fn page(
+    state: &ConsoleState,
+    position: i64,
+    perspective: &str,
+    flash: Option<&str>,
+    with_preview: bool,
+) -> Result<Response, PageError> {
+    let state = state.clone();
+    let perspective = perspective.to_owned();
     let store = state.store();
     let mut letters = store.dead_letters_of(position, &perspective).await?;
     if letters.is_empty() {
@@ -116,7 +164,7 @@ pub async fn show(
     let dl = letters.remove(0);
     let event = same_event(&dl, store.event_at(dl.global_position).await?);
     let history = store.dead_letter_history(dl.dead_letter_id).await?;
-    let preview = if query.preview.as_deref() == Some("replay") && dl.status == "exhausted" {
+    let preview = if with_preview && dl.status == "exhausted" {
         Some(replay_preview(&state, &dl).await)
     } else {
         None
@@ -127,7 +175,7 @@ pub async fn show(
         ActionsView {
             dead_letter_id: dl.dead_letter_id.to_string(),
             replay_warning: msg::replay_warning(p, n),
-            preview_href: format!("{}?preview=replay", view::detail_href(n, p)),
+            preview_href: view::detail_href(n, p),
             replay_unavailable: (!state.perspectives().iter().any(|s| s.name == p))
                 .then(|| msg::no_handler(p, n)),
             purge_note: "Closes it for good without running anything; a terminal record is kept in the history.".to_owned(),
@@ -135,7 +183,7 @@ pub async fn show(
     });
     let page = DetailPage {
         read_only: state.read_only(),
-        flash: state.flash(query.flash.as_deref()),
+        flash: state.flash(flash),
         actions,
         preview,
         list_href: view::dead_letters_href(&[("perspective", dl.perspective_name.as_str())]),
