@@ -1819,3 +1819,24 @@ async fn a_replay_preview_runs_only_on_a_same_origin_post_and_never_when_read_on
     let page = ok(preview_replay(&console, "/dead-letters/1/order_summary").await);
     assert!(page.contains("What a replay would change"), "{page}");
 }
+
+/// Defect 8: what a page renders of a dead letter's texts is capped (64 KiB each and "… (N
+/// bytes more)"), whatever was stored: a 1 MB error and payload make no 1 MB page.
+#[tokio::test]
+async fn the_detail_page_caps_huge_texts() {
+    let env = seeded().await;
+    let big = "y".repeat(1_000_000);
+    let appended = env
+        .append(
+            uuid::Uuid::new_v4(),
+            &[("OrderPlaced", json!({ "big": big }))],
+        )
+        .await;
+    let n = appended[0].global_position;
+    env.dead_letter_with_error("audit", n, "MaxAttemptsExceeded", &big)
+        .await;
+    let console = open_console(&env);
+    let page = ok(get(&console, &format!("/dead-letters/{n}/audit")).await);
+    assert!(page.len() < 400_000, "the page is {} bytes", page.len());
+    assert!(page.contains("bytes more)"), "the cut is said");
+}

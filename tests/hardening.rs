@@ -741,3 +741,45 @@ async fn a_stale_cached_plan_after_ddl_is_not_charged_to_the_event() {
         "nothing dead-lettered"
     );
 }
+
+/// Issue 19, defect 8: a huge payload that a failing cast copies into the error text is stored
+/// (and logged) capped: the first 64 KiB and "… (N bytes more)".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_error_text_is_stored_capped() {
+    let env = env().await;
+    register(&env, "casts", &["Big"]).await;
+    let perspectives = "[[perspectives]]\nname = \"casts\"\nevents = [\"Big\"]\n\
+        [perspectives.sql]\nBig = \"SELECT ($1->>'big')::int\"\n";
+    let big = "x".repeat(1_000_000);
+    env.store
+        .append_events(
+            Uuid::new_v4(),
+            None,
+            &[NewEvent::new("Big", serde_json::json!({ "big": big }))],
+        )
+        .await
+        .unwrap();
+    let s = settings(&env.url, perspectives, |w| {
+        w.max_perspective_event_attempts = Some(1);
+    });
+    let daemon = daemon_on(&env, s).start().await.unwrap();
+    env.wait_until(
+        "SELECT count(*) FROM wh_dead_letters",
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    shutdown_within(daemon, Duration::from_secs(15)).await;
+    let (len, text): (i32, String) =
+        sqlx::query_as("SELECT octet_length(error_text), error_text FROM wh_dead_letters")
+            .fetch_one(env.store.pool())
+            .await
+            .unwrap();
+    // The move's own text plus the row's last error, each capped at 64 KiB.
+    assert!(len < 2 * 65_536 + 1_000, "error_text is {len} bytes");
+    assert!(
+        text.contains("bytes more)"),
+        "{}",
+        &text[text.len() - 200..]
+    );
+}

@@ -156,6 +156,8 @@ impl<S: WorkStore> LeasedBatch<S> {
         reason: &str,
         error: &str,
     ) -> Result<MoveOutcome, StoreError> {
+        // Error texts are stored and logged capped (crate::text::MAX_TEXT).
+        let error: &str = &crate::text::cap(error);
         let outcome = self
             .store
             .move_to_dead_letters(self.instance, id, reason, error)
@@ -210,6 +212,8 @@ impl<S: WorkStore> LeasedBatch<S> {
         error: &str,
         retry_in: Duration,
     ) -> Result<bool, StoreError> {
+        // Error texts are stored and logged capped (crate::text::MAX_TEXT).
+        let error: &str = &crate::text::cap(error);
         let recorded = self
             .store
             .record_failure(self.instance, id, error, retry_in)
@@ -308,6 +312,8 @@ impl<S: WorkStore> LeasedBatch<S> {
         error: &str,
         retry_in: Duration,
     ) -> Result<(), StoreError> {
+        // Error texts are stored and logged capped (crate::text::MAX_TEXT).
+        let error: &str = &crate::text::cap(error);
         if tx
             .record_failure(self.instance, id, error, retry_in)
             .await?
@@ -330,6 +336,8 @@ impl<S: WorkStore> LeasedBatch<S> {
         reason: &str,
         error: &str,
     ) -> Result<(), StoreError> {
+        // Error texts are stored and logged capped (crate::text::MAX_TEXT).
+        let error: &str = &crate::text::cap(error);
         if let MoveOutcome::Moved(dead_letter_id) = tx
             .move_to_dead_letters(self.instance, id, reason, error)
             .await?

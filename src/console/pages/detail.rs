@@ -22,9 +22,20 @@ fn same_event(dl: &DeadLetter, event: Option<StoredEvent>) -> Option<StoredEvent
     event.filter(|e| e.global_position == dl.global_position && e.event_id == dl.event_id)
 }
 
+/// The value as indented JSON, capped ([`crate::text::cap`]).
 fn pretty(value: &serde_json::Value) -> String {
     let sorted = sort_keys(value.clone());
-    serde_json::to_string_pretty(&sorted).unwrap_or_else(|_| sorted.to_string())
+    let text = serde_json::to_string_pretty(&sorted).unwrap_or_else(|_| sorted.to_string());
+    capped(text)
+}
+
+/// What a page renders of one text: at most [`crate::text::MAX_TEXT`] bytes and the count of
+/// the rest.
+fn capped(text: String) -> String {
+    match crate::text::cap(&text) {
+        std::borrow::Cow::Borrowed(_) => text,
+        std::borrow::Cow::Owned(cut) => cut,
+    }
 }
 
 /// The detail's query: the message of the action that redirected here. (A `preview` in the
@@ -63,14 +74,17 @@ async fn replay_preview(state: &ConsoleState, dl: &DeadLetter) -> ReplayPreviewV
         Err(e) => view.summary = e.to_string(),
         Ok(DryRun {
             error: Some(error), ..
-        }) => view.summary = msg::dry_run_would_fail(&error),
+        }) => view.summary = capped(msg::dry_run_would_fail(&error)),
         Ok(DryRun {
             error: None,
             preview,
         }) => {
             view.ok = true;
             view.summary = msg::dry_run_would_resolve(n);
-            let text = |v: &Option<String>| v.clone().unwrap_or_else(|| "(none)".to_owned());
+            let text = |v: &Option<String>| {
+                v.as_deref()
+                    .map_or_else(|| "(none)".to_owned(), |t| crate::text::cap(t).into_owned())
+            };
             match preview {
                 Preview::Rows(rows) => {
                     if rows.is_empty() {
@@ -91,13 +105,13 @@ async fn replay_preview(state: &ConsoleState, dl: &DeadLetter) -> ReplayPreviewV
                             after: if r.key.is_some() {
                                 text(&r.after)
                             } else {
-                                r.written.clone()
+                                crate::text::cap(&r.written).into_owned()
                             },
                             table: r.table,
                         })
                         .collect();
                 }
-                Preview::Returned(rows) => view.returned = rows,
+                Preview::Returned(rows) => view.returned = rows.into_iter().map(capped).collect(),
                 Preview::Unavailable => view.summary.push_str(
                     " Which rows it writes could not be read (the statement is not a plain INSERT, UPDATE or DELETE).",
                 ),
@@ -209,15 +223,16 @@ async fn page(
                 at: view::at(&h.at),
                 kind: h.kind,
                 actor: h.actor,
-                detail: h.detail.unwrap_or_default(),
+                detail: capped(h.detail.unwrap_or_default()),
             })
             .collect(),
         dl: DeadLetterView {
             position: dl.global_position,
             reason: dl.failure_reason,
-            error: dl
-                .error_text
-                .unwrap_or_else(|| "(none recorded)".to_owned()),
+            error: capped(
+                dl.error_text
+                    .unwrap_or_else(|| "(none recorded)".to_owned()),
+            ),
             attempts: dl.attempts_when_dlq,
             failures: dl.failures_when_dlq,
             at: view::at(&dl.dead_lettered_at),
