@@ -1840,3 +1840,42 @@ async fn the_detail_page_caps_huge_texts() {
     assert!(page.len() < 400_000, "the page is {} bytes", page.len());
     assert!(page.contains("bytes more)"), "the cut is said");
 }
+
+/// Defect 9: a NUL byte or an out-of-range date in a filter is the request's error (400 naming
+/// the parameter), not "try again" (503): the database answered, and a retry cannot help.
+#[tokio::test]
+async fn nul_bytes_and_out_of_range_dates_are_bad_requests() {
+    let env = with_dead_letters().await;
+    let console = open_console(&env);
+    for (uri, name) in [
+        ("/dead-letters?error=%00", "error"),
+        ("/dead-letters?event_type=a%00b", "event_type"),
+        ("/dead-letters/1/p%00", "path"),
+        ("/groups?perspective=%00", "perspective"),
+        ("/blocked?perspective=%00", "perspective"),
+        ("/bulk?action=requeue&reason=%00", "reason"),
+        ("/dead-letters?since=-4713-01-01", "since"),
+        ("/dead-letters?until=99999-01-01", "until"),
+    ] {
+        let (response, body) = get(&console, uri).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{uri}: {body}");
+        assert!(body.contains(name), "{uri} names {name}: {body}");
+    }
+    // A bulk confirmation with a NUL in its filter: 400 too.
+    let (response, body) = send(
+        &console,
+        form_post(
+            "/bulk",
+            &[
+                ("action", "requeue"),
+                ("count", "1"),
+                ("digest", "x"),
+                ("perspective", "a\0b"),
+            ],
+            &[("sec-fetch-site", "same-origin")],
+        ),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("perspective"), "{body}");
+}

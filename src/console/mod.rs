@@ -151,7 +151,11 @@ pub fn router(state: ConsoleState) -> Router {
             auth::require,
         ))
         .with_state(state);
-    security::headers(routes.layer(axum::middleware::from_fn(security::reject_cross_site)))
+    security::headers(
+        routes
+            .layer(axum::middleware::from_fn(security::reject_nul))
+            .layer(axum::middleware::from_fn(security::reject_cross_site)),
+    )
 }
 
 /// Binds `listen` (port 0 picks a free one) and returns the listener with its real address.
