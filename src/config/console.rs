@@ -368,10 +368,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("console.basic_password = ***: expected"), "{e}");
+        // A `user:password` pasted into basic_user: what follows the first ':' is masked, as a
+        // password in a database URL is (issue 19, defect 10).
         let e = Settings::from_toml_str("[console]\nbasic_user = \"a:b\"")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("console.basic_user = \"a:b\": expected"), "{e}");
+        assert!(
+            e.contains("console.basic_user = \"a:***\": expected"),
+            "{e}"
+        );
+        let e = Settings::from_toml_str("[console]\nbasic_user = \"ops:Hunter2\"")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("Hunter2"), "{e}");
+        assert!(e.contains("console.basic_user = \"ops:***\""), "{e}");
         let s = Secret::new("hunter2");
         assert_eq!(format!("{s} {s:?}"), "*** Secret(***)");
         assert_eq!(serde_json::to_string(&s).unwrap(), "\"***\"");
