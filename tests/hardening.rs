@@ -783,3 +783,37 @@ async fn a_huge_error_text_is_stored_capped() {
         &text[text.len() - 200..]
     );
 }
+
+/// Issue 19, defect 12: a fast (set-wise) pass abandoned at shutdown does not refund the rows
+/// it handed to the statement call: the row whose statement was running keeps its attempt, so
+/// a statement slower than the grace is charged across restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_during_a_fast_pass_keeps_the_attempt_of_the_rows_handed_over() {
+    let env = env().await;
+    register(&env, "slowfast", &["Hang"]).await;
+    append(&env, low_stream(), &["Hang"]).await;
+    // A plain write (the set-wise call runs it inside the dispatcher) that hangs.
+    let perspective = "[[perspectives]]\nname = \"slowfast\"\nevents = [\"Hang\"]\n\
+        [perspectives.sql]\nHang = \"INSERT INTO public.nothing (v) SELECT 1 FROM pg_sleep(600)\"\n";
+    env.exec("CREATE TABLE public.nothing (v int)").await;
+    let s = settings(&env.url, perspective, |w| {
+        w.consumers = 1;
+        w.lease = secs(120);
+        w.apply_timeout = secs(100);
+        w.shutdown_grace = secs(1);
+    });
+    let daemon = daemon_on(&env, s).start().await.unwrap();
+    env.wait_until(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%apply_and_complete_perspective_events%' AND state = 'active' AND wait_event = 'PgSleep'",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+    shutdown_within(daemon, Duration::from_secs(20)).await;
+    let rows: Vec<(Option<Uuid>, i32)> =
+        sqlx::query_as("SELECT instance_id, attempts FROM wh_perspective_events")
+            .fetch_all(env.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(rows, [(None, 1)], "released, and its claim not refunded");
+}

@@ -141,6 +141,18 @@ impl<S: WorkStore> LeasedBatch<S> {
         }
     }
 
+    /// Undoes [`mark_started`](Self::mark_started) for a row whose handler call failed as a
+    /// whole and that is handed over again (the careful pass marks it when it does): until
+    /// then, it is given back with a refund.
+    pub fn unmark_started(&mut self, id: Uuid) {
+        if let Some(h) = self.held.get_mut(&id) {
+            if h.started {
+                h.started = false;
+                self.reservation.unmark_started(&id);
+            }
+        }
+    }
+
     fn forget(&mut self, id: &Uuid) -> Option<Held> {
         self.reservation.untrack(id);
         self.held.remove(id)
