@@ -86,4 +86,5 @@ pub mod pipeline;
 pub mod store;
 pub mod telemetry;
 pub mod testkit;
+pub mod text;
 pub mod throwaway;

@@ -966,3 +966,102 @@ async fn replay_and_requeue_refuse_while_the_perspective_is_being_rebuilt() {
         "",
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Hardening (issue 19, defect 1): a dry run never changes anything, whatever the target form.
+
+#[tokio::test]
+async fn purge_position_dry_run_changes_nothing_and_limit_needs_a_group() {
+    let env = with_dead_letters().await;
+
+    // A real dry run for a single position: says what it would purge, purges nothing.
+    env.run(&["dlq", "purge", "4", "--dry-run", "--yes"])
+        .await
+        .expect(
+            0,
+            "Would purge 1 dead-lettered event(s) (dry run; nothing was changed):\n  \
+             position 4 of 'order_summary' (PermanentFailure)\n",
+            "",
+        );
+    assert_eq!(env.status_of("order_summary", 4).await, "exhausted");
+    let run = env.run(&["dlq", "purge", "4", "--dry-run", "--json"]).await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert_eq!(
+        run.json()["data"],
+        json!({
+            "count": 1, "dry_run": true, "purged": 0,
+            "items": [{"outcome": "would_purge", "perspective": "order_summary", "position": 4, "reason": "PermanentFailure"}],
+        })
+    );
+    assert_eq!(env.status_of("order_summary", 4).await, "exhausted");
+
+    // --limit bounds a bulk walk only: with a position it is a usage error, nothing purged.
+    let run = env
+        .run(&["dlq", "purge", "4", "--limit", "0", "--yes"])
+        .await;
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("--limit"), "{run:#?}");
+    assert_eq!(env.status_of("order_summary", 4).await, "exhausted");
+    // The same rule for requeue (already so): --limit with a position is refused.
+    let run = env
+        .run(&["dlq", "requeue", "4", "--limit", "0", "--yes"])
+        .await;
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert_eq!(env.status_of("order_summary", 4).await, "exhausted");
+    // And a position dry run of requeue and replay writes nothing, no history.
+    env.run(&["dlq", "requeue", "4", "--dry-run", "--yes"])
+        .await;
+    assert_eq!(env.status_of("order_summary", 4).await, "exhausted");
+    let kinds = env.history_of("order_summary", 4).await.len();
+    assert_eq!(kinds, 1, "only the Exhausted record");
+}
+
+/// Issue 19, defects 5 and 17: an event type or error text from a producer cannot drive the
+/// terminal: control characters, bidi overrides and zero-width characters are escaped in every
+/// human view (JSON escapes them already).
+#[tokio::test]
+async fn human_views_escape_control_and_invisible_characters() {
+    let env = with_dead_letters().await;
+    let hostile_type = "Order\u{1b}]0;pwned\u{7}\u{202e}decalP\u{200b}";
+    let appended = env
+        .append(Uuid::new_v4(), &[(hostile_type, json!({"x": 1}))])
+        .await;
+    let n = appended[0].global_position;
+    env.dead_letter_with_error(
+        "audit",
+        n,
+        "MaxAttemptsExceeded",
+        "invalid input \u{1b}[2J\u{8}\u{8}\u{8}ok\r\nINFO forged (SQLSTATE 22P02)",
+    )
+    .await;
+    let p = n.to_string();
+    let runs = [
+        env.run(&["dlq", "inspect", &p]).await,
+        env.run(&["dlq", "groups"]).await,
+        env.run(&["dlq", "list"]).await,
+        env.run(&["dlq", "replay", &p, "--yes"]).await,
+        env.run(&["dlq", "replay", &p, "--dry-run"]).await,
+    ];
+    for run in &runs {
+        let all = format!("{}{}", run.stdout, run.stderr);
+        for bad in ['\u{1b}', '\u{7}', '\u{8}', '\r', '\u{202e}', '\u{200b}'] {
+            assert!(!all.contains(bad), "{bad:?} reached the terminal: {run:#?}");
+        }
+    }
+    assert!(
+        runs[0]
+            .stdout
+            .contains("Order\\u{1b}]0;pwned\\u{7}\\u{202e}decalP\\u{200b}"),
+        "{:#?}",
+        runs[0]
+    );
+    assert!(
+        runs[0].stdout.contains("invalid input \\u{1b}[2J\\u{8}"),
+        "{:#?}",
+        runs[0]
+    );
+    assert!(runs[1].stdout.contains("Order\\u{1b}"), "{:#?}", runs[1]);
+    // JSON keeps the text as it is (escaped by JSON itself).
+    let run = env.run(&["dlq", "inspect", &p, "--json"]).await;
+    assert_eq!(run.json()["data"]["type"], hostile_type);
+}

@@ -473,7 +473,8 @@ async fn triage_groups_blocked_lanes_and_the_replay_preview() {
             .await;
         assert!(b.text().await.contains("1 matching dead letter(s)."));
         b.click("a[href='/dead-letters/1/audit']").await;
-        b.click("a[href$='?preview=replay#replay-preview']").await;
+        // The preview is a POST (it runs the statement, rolled back): a button, not a link.
+        b.click("button[name=preview][value=replay]").await;
         let text = b.text().await;
         assert!(text.contains("What a replay would change"), "{text}");
         assert!(

@@ -15,7 +15,8 @@ use tower::ServiceExt as _;
 use vantage::config::{ConsoleSettings, Secret, Settings};
 use vantage::console::{self, security, ConsoleState};
 
-use cli_support::{base_command, finish, seeded, Env};
+use cli_support::{base_command, finish, seeded, Env, STREAM_A, STREAM_B};
+use serde_json::json;
 
 /// The test's configuration file (its perspectives are the handlers a replay runs) with
 /// `console` as the `[console]` section.
@@ -1666,12 +1667,12 @@ async fn the_detail_page_previews_a_replay_without_writing_anything() {
 
     let page = ok(get(&console, "/dead-letters/1/order_summary").await);
     assert!(
-        page.contains("href=\"/dead-letters/1/order_summary?preview=replay#replay-preview\""),
+        page.contains("formaction=\"/dead-letters/1/order_summary#replay-preview\" name=\"preview\" value=\"replay\""),
         "{page}"
     );
     assert!(!page.contains("What a replay would change"), "{page}");
 
-    let page = ok(get(&console, "/dead-letters/1/order_summary?preview=replay").await);
+    let page = ok(preview_replay(&console, "/dead-letters/1/order_summary").await);
     assert!(page.contains("What a replay would change"), "{page}");
     assert!(
         page.contains("The handler succeeds: a replay would resolve position 1."),
@@ -1684,7 +1685,7 @@ async fn the_detail_page_previews_a_replay_without_writing_anything() {
     assert!(page.contains("<pre>(none)</pre>"), "{page}");
     assert!(page.contains(cli_support::ORDER_1), "{page}");
 
-    let page = ok(get(&console, "/dead-letters/2/order_summary?preview=replay").await);
+    let page = ok(preview_replay(&console, "/dead-letters/2/order_summary").await);
     assert!(
         page.contains("The handler fails: invalid input syntax for type numeric"),
         "{page}"
@@ -1697,4 +1698,184 @@ async fn the_detail_page_previews_a_replay_without_writing_anything() {
     );
     assert_eq!(env.status_of("order_summary", 1).await, "exhausted");
     assert_eq!(env.history_of("order_summary", 1).await.len(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hardening (issue 19)
+
+/// Defect 3: a confirmed bulk action finishes, and says what it did, even when the request
+/// that started it goes away part-way (before: the walk stopped with the request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_action_finishes_when_its_request_goes_away() {
+    let env = Env::with_extra_config(
+        "\n[[perspectives]]\nname = \"slow\"\nevents = [\"OrderPlaced\", \"OrderShipped\"]\n\
+         [perspectives.sql]\nOrderPlaced = \"SELECT pg_sleep(0.4)\"\nOrderShipped = \"SELECT pg_sleep(0.4)\"\n",
+    )
+    .await;
+    env.store
+        .register_perspective("slow", &["OrderPlaced".into(), "OrderShipped".into()])
+        .await
+        .unwrap();
+    let a = env
+        .append(
+            STREAM_A,
+            &[("OrderPlaced", json!({})), ("OrderPlaced", json!({}))],
+        )
+        .await;
+    let b = env
+        .append(
+            STREAM_B,
+            &[("OrderPlaced", json!({})), ("OrderShipped", json!({}))],
+        )
+        .await;
+    let positions: Vec<i64> = a.iter().chain(&b).map(|e| e.global_position).collect();
+    for &p in &positions {
+        env.dead_letter("slow", p, "MaxAttemptsExceeded").await;
+    }
+    let console = open_console(&env);
+    let preview = ok(get(&console, "/bulk?action=replay&perspective=slow").await);
+    let fields = confirmation(&preview, &[("perspective", "slow")]);
+    // The client gives up while the first replay runs.
+    let gave_up = tokio::time::timeout(
+        std::time::Duration::from_millis(600),
+        confirm(&console, &fields),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the bulk replay took longer than that");
+    let started = std::time::Instant::now();
+    loop {
+        let mut open = 0;
+        for &p in &positions {
+            if env.status_of("slow", p).await == "exhausted" {
+                open += 1;
+            }
+        }
+        if open == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "{open} of 4 stayed dead-lettered: the walk stopped with its request"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// The detail page's preview button, as the browser sends it (same origin).
+async fn preview_replay(console: &Router, uri: &str) -> (Response<Body>, String) {
+    send(
+        console,
+        form_post(
+            uri,
+            &[("preview", "replay")],
+            &[("sec-fetch-site", "same-origin")],
+        ),
+    )
+    .await
+}
+
+/// Defect 7: a GET never runs a perspective's statement (the replay preview executes it, rolled
+/// back: an action), and a read-only console runs none at all.
+#[tokio::test]
+async fn a_replay_preview_runs_only_on_a_same_origin_post_and_never_when_read_only() {
+    let env = seeded().await;
+    env.dead_letter("order_summary", 1, "MaxAttemptsExceeded")
+        .await;
+    let console = open_console(&env);
+    for method in ["GET", "HEAD"] {
+        let request = Request::builder()
+            .method(method)
+            .uri("/dead-letters/1/order_summary?preview=replay")
+            .header(header::HOST, "127.0.0.1:9465")
+            .body(Body::empty())
+            .unwrap();
+        let (response, body) = send(&console, request).await;
+        assert_eq!(response.status(), StatusCode::OK, "{body}");
+        assert!(!body.contains("What a replay would change"), "{body}");
+    }
+    // A cross-site POST is refused before anything runs.
+    let (response, _) = send(
+        &console,
+        form_post(
+            "/dead-letters/1/order_summary",
+            &[("preview", "replay")],
+            &[("sec-fetch-site", "cross-site")],
+        ),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    // Read-only: refused, nothing run.
+    let read_only = console_with(
+        &env,
+        &ConsoleSettings {
+            read_only: true,
+            ..ConsoleSettings::default()
+        },
+    );
+    let (response, body) = preview_replay(&read_only, "/dead-letters/1/order_summary").await;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN, "{body}");
+    assert!(!body.contains("What a replay would change"), "{body}");
+    // A same-origin POST on a console that may act: the preview.
+    let page = ok(preview_replay(&console, "/dead-letters/1/order_summary").await);
+    assert!(page.contains("What a replay would change"), "{page}");
+}
+
+/// Defect 8: what a page renders of a dead letter's texts is capped (64 KiB each and "… (N
+/// bytes more)"), whatever was stored: a 1 MB error and payload make no 1 MB page.
+#[tokio::test]
+async fn the_detail_page_caps_huge_texts() {
+    let env = seeded().await;
+    let big = "y".repeat(1_000_000);
+    let appended = env
+        .append(
+            uuid::Uuid::new_v4(),
+            &[("OrderPlaced", json!({ "big": big }))],
+        )
+        .await;
+    let n = appended[0].global_position;
+    env.dead_letter_with_error("audit", n, "MaxAttemptsExceeded", &big)
+        .await;
+    let console = open_console(&env);
+    let page = ok(get(&console, &format!("/dead-letters/{n}/audit")).await);
+    assert!(page.len() < 400_000, "the page is {} bytes", page.len());
+    assert!(page.contains("bytes more)"), "the cut is said");
+}
+
+/// Defect 9: a NUL byte or an out-of-range date in a filter is the request's error (400 naming
+/// the parameter), not "try again" (503): the database answered, and a retry cannot help.
+#[tokio::test]
+async fn nul_bytes_and_out_of_range_dates_are_bad_requests() {
+    let env = with_dead_letters().await;
+    let console = open_console(&env);
+    for (uri, name) in [
+        ("/dead-letters?error=%00", "error"),
+        ("/dead-letters?event_type=a%00b", "event_type"),
+        ("/dead-letters/1/p%00", "path"),
+        ("/groups?perspective=%00", "perspective"),
+        ("/blocked?perspective=%00", "perspective"),
+        ("/bulk?action=requeue&reason=%00", "reason"),
+        ("/dead-letters?since=-4713-01-01", "since"),
+        ("/dead-letters?until=99999-01-01", "until"),
+    ] {
+        let (response, body) = get(&console, uri).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{uri}: {body}");
+        assert!(body.contains(name), "{uri} names {name}: {body}");
+    }
+    // A bulk confirmation with a NUL in its filter: 400 too.
+    let (response, body) = send(
+        &console,
+        form_post(
+            "/bulk",
+            &[
+                ("action", "requeue"),
+                ("count", "1"),
+                ("digest", "x"),
+                ("perspective", "a\0b"),
+            ],
+            &[("sec-fetch-site", "same-origin")],
+        ),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("perspective"), "{body}");
 }

@@ -691,3 +691,131 @@ async fn a_move_on_behalf_of_a_lease_only_moves_rows_leased_to_it() {
         .unwrap();
     assert!(matches!(moved, MoveOutcome::Moved(_)));
 }
+
+/// Issue 19, defect 4: after DDL, a row-returning statement fails with "cached plan must not
+/// change result type" (0A000) on every pooled connection that prepared it. That failure is
+/// the connection's, not the event's: it is never charged, and it heals without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_cached_plan_after_ddl_is_not_charged_to_the_event() {
+    let env = env().await;
+    env.exec("CREATE TABLE rm_rows (event_id uuid PRIMARY KEY)")
+        .await;
+    register(&env, "rm", &["Ok", "Bad"]).await;
+    let perspectives = "[[perspectives]]\nname = \"rm\"\nevents = [\"Ok\", \"Bad\"]\n\
+        [perspectives.sql]\nOk = \"INSERT INTO rm_rows (event_id) VALUES ($3) RETURNING *\"\n\
+        Bad = \"SELECT 1/0\"\n";
+    let s = settings(&env.url, perspectives, |w| {
+        w.consumers = 1;
+        // A charged row stays parked for the test's length: each round is one careful pass.
+        w.retry_backoff_base = secs(3600);
+        w.retry_backoff_max = secs(3600);
+    });
+    let daemon = daemon_on(&env, s).start().await.unwrap();
+    for round in 0..8 {
+        // `Bad` fails the fast pass, so the careful pass runs `Ok` on its own (a prepared,
+        // cached statement on whichever pooled connection the batch got).
+        let stream = Uuid::new_v4();
+        append(&env, stream, &["Ok", "Bad"]).await;
+        let charged =
+            format!("SELECT count(*) FROM wh_perspective_events WHERE stream_id = '{stream}' AND failures > 0");
+        env.wait_until(&charged, 1, Duration::from_secs(30)).await;
+        let left: Vec<(String, Option<String>)> = sqlx::query_as(
+            "SELECT e.event_type, w.last_error FROM wh_perspective_events w \
+             JOIN wh_event_store e USING (event_id) WHERE w.stream_id = $1",
+        )
+        .bind(stream)
+        .fetch_all(env.store.pool())
+        .await
+        .unwrap();
+        assert_eq!(
+            left.iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>(),
+            ["Bad"],
+            "round {round}: only the poison event is charged, the healthy one is applied: {left:?}"
+        );
+        env.exec(&format!("ALTER TABLE rm_rows ADD COLUMN c{round} int"))
+            .await;
+    }
+    shutdown_within(daemon, Duration::from_secs(15)).await;
+    assert_eq!(env.scalar("SELECT count(*) FROM rm_rows").await, 8);
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM wh_dead_letters").await,
+        0,
+        "nothing dead-lettered"
+    );
+}
+
+/// Issue 19, defect 8: a huge payload that a failing cast copies into the error text is stored
+/// (and logged) capped: the first 64 KiB and "… (N bytes more)".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_error_text_is_stored_capped() {
+    let env = env().await;
+    register(&env, "casts", &["Big"]).await;
+    let perspectives = "[[perspectives]]\nname = \"casts\"\nevents = [\"Big\"]\n\
+        [perspectives.sql]\nBig = \"SELECT ($1->>'big')::int\"\n";
+    let big = "x".repeat(1_000_000);
+    env.store
+        .append_events(
+            Uuid::new_v4(),
+            None,
+            &[NewEvent::new("Big", serde_json::json!({ "big": big }))],
+        )
+        .await
+        .unwrap();
+    let s = settings(&env.url, perspectives, |w| {
+        w.max_perspective_event_attempts = Some(1);
+    });
+    let daemon = daemon_on(&env, s).start().await.unwrap();
+    env.wait_until(
+        "SELECT count(*) FROM wh_dead_letters",
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    shutdown_within(daemon, Duration::from_secs(15)).await;
+    let (len, text): (i32, String) =
+        sqlx::query_as("SELECT octet_length(error_text), error_text FROM wh_dead_letters")
+            .fetch_one(env.store.pool())
+            .await
+            .unwrap();
+    // The move's own text plus the row's last error, each capped at 64 KiB.
+    assert!(len < 2 * 65_536 + 1_000, "error_text is {len} bytes");
+    assert!(
+        text.contains("bytes more)"),
+        "{}",
+        &text[text.len() - 200..]
+    );
+}
+
+/// Issue 19, defect 12: a fast (set-wise) pass abandoned at shutdown does not refund the rows
+/// it handed to the statement call: the row whose statement was running keeps its attempt, so
+/// a statement slower than the grace is charged across restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_during_a_fast_pass_keeps_the_attempt_of_the_rows_handed_over() {
+    let env = env().await;
+    register(&env, "slowfast", &["Hang"]).await;
+    append(&env, low_stream(), &["Hang"]).await;
+    // A plain write (the set-wise call runs it inside the dispatcher) that hangs.
+    let perspective = "[[perspectives]]\nname = \"slowfast\"\nevents = [\"Hang\"]\n\
+        [perspectives.sql]\nHang = \"INSERT INTO public.nothing (v) SELECT 1 FROM pg_sleep(600)\"\n";
+    env.exec("CREATE TABLE public.nothing (v int)").await;
+    let s = settings(&env.url, perspective, |w| {
+        w.consumers = 1;
+        w.lease = secs(120);
+        w.apply_timeout = secs(100);
+        w.shutdown_grace = secs(1);
+    });
+    let daemon = daemon_on(&env, s).start().await.unwrap();
+    env.wait_until(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%apply_and_complete_perspective_events%' AND state = 'active' AND wait_event = 'PgSleep'",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+    shutdown_within(daemon, Duration::from_secs(20)).await;
+    let rows: Vec<(Option<Uuid>, i32)> =
+        sqlx::query_as("SELECT instance_id, attempts FROM wh_perspective_events")
+            .fetch_all(env.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(rows, [(None, 1)], "released, and its claim not refunded");
+}

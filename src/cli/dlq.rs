@@ -117,11 +117,13 @@ pub struct PurgeArgs {
     /// The perspective (of a position dead-lettered in several; or a filter with `--group`).
     #[arg(long, value_name = "NAME")]
     pub perspective: Option<String>,
-    /// With `--group`: at most N dead letters (the lowest positions).
-    #[arg(long, value_name = "N", requires = "group")]
+    /// With `--group`: at most N dead letters (the lowest positions); not with a position.
+    // `conflicts_with`, not `requires = "group"`: clap let a position satisfy the latter, and
+    // the position path never read the flag.
+    #[arg(long, value_name = "N", conflicts_with = "position")]
     pub limit: Option<u64>,
-    /// With `--group`: print what would be purged and change nothing.
-    #[arg(long, requires = "group")]
+    /// Print what would be purged and change nothing (a position or `--group`).
+    #[arg(long)]
     pub dry_run: bool,
     /// Do not ask for confirmation.
     #[arg(long, short = 'y')]

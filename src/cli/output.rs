@@ -183,15 +183,17 @@ impl Ui {
     }
 
     /// A line of the human result (stdout); nothing under `--json`, whose result is the envelope.
+    /// Control and invisible characters are escaped ([`crate::text::lines`]): what producers
+    /// and handlers wrote cannot drive the terminal.
     pub fn say(&self, line: impl Display) {
         if !self.json {
-            println!("{line}");
+            println!("{}", crate::text::lines(&line.to_string()));
         }
     }
 
-    /// A warning, note or progress line (stderr, in both modes).
+    /// A warning, note or progress line (stderr, in both modes), escaped as [`say`](Self::say).
     pub fn note(&self, line: impl Display) {
-        eprintln!("{line}");
+        eprintln!("{}", crate::text::lines(&line.to_string()));
     }
 
     /// Prints the outcome and returns the exit code: the envelope on stdout under `--json`,
@@ -208,7 +210,7 @@ impl Ui {
                 if self.json {
                     print_json(&envelope(failure.status(), failure.envelope_data()));
                 } else {
-                    eprintln!("{}", failure.message);
+                    eprintln!("{}", crate::text::lines(&failure.message));
                 }
                 failure.code
             }
@@ -305,7 +307,7 @@ pub async fn confirm(question: &str, yes: bool) -> Result<Confirmed, Failure> {
     }
     {
         let mut err = std::io::stderr().lock();
-        let _ = write!(err, "{question} ");
+        let _ = write!(err, "{} ", crate::text::one_line(question));
         let _ = err.flush();
     }
     // stdin is blocking: read it off the runtime's worker threads.

@@ -149,13 +149,33 @@ fn file<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
     Ok(Some(PathBuf::from(s)))
 }
 
+/// Most bytes read from a secret file (`auth_token_file`, `basic_password_file`): 64 KiB. A
+/// longer file (or `/dev/zero`) is refused after reading one byte more, never read to the end.
+pub const MAX_SECRET_FILE: u64 = 64 * 1024;
+
+/// The file's text, refused past [`MAX_SECRET_FILE`] bytes.
+fn read_capped(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_SECRET_FILE + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_SECRET_FILE {
+        return Err(std::io::Error::other(format!(
+            "it holds more than {} KiB, far more than any secret",
+            MAX_SECRET_FILE / 1024
+        )));
+    }
+    Ok(text)
+}
+
 /// Reads `auth_token_file` and `basic_password_file` into the settings, checking their content
 /// as `auth_token` and `basic_password` are checked. A message names the file, never what it
 /// holds.
 pub(super) fn read_secret_files(c: &mut ConsoleSettings, w: &Written) -> Result<(), ConfigError> {
     let read = |key: &str, path: &PathBuf, check: fn(&str) -> Result<(), &'static str>| {
         let shown = quote(&path.display().to_string());
-        let text = std::fs::read_to_string(path).map_err(|e| {
+        let text = read_capped(path).map_err(|e| {
             w.invalid(
                 key,
                 shown.clone(),
@@ -368,13 +388,37 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("console.basic_password = ***: expected"), "{e}");
+        // A `user:password` pasted into basic_user: what follows the first ':' is masked, as a
+        // password in a database URL is (issue 19, defect 10).
         let e = Settings::from_toml_str("[console]\nbasic_user = \"a:b\"")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("console.basic_user = \"a:b\": expected"), "{e}");
+        assert!(
+            e.contains("console.basic_user = \"a:***\": expected"),
+            "{e}"
+        );
+        let e = Settings::from_toml_str("[console]\nbasic_user = \"ops:Hunter2\"")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("Hunter2"), "{e}");
+        assert!(e.contains("console.basic_user = \"ops:***\""), "{e}");
         let s = Secret::new("hunter2");
         assert_eq!(format!("{s} {s:?}"), "*** Secret(***)");
         assert_eq!(serde_json::to_string(&s).unwrap(), "\"***\"");
+    }
+
+    /// Issue 19, defect 18: a secret file is read up to a cap, never to the end.
+    #[test]
+    fn a_secret_file_is_read_up_to_a_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("token");
+        std::fs::write(&big, "a".repeat(1_000_000)).unwrap();
+        for path in [big.display().to_string(), "/dev/zero".to_owned()] {
+            let e = Settings::from_toml_str(&format!("[console]\nauth_token_file = \"{path}\""))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("more than 64 KiB"), "{e}");
+        }
     }
 
     #[test]

@@ -180,6 +180,11 @@ pub(super) fn render(key: &str, v: &Value) -> String {
         ValueKind::String(s) if key == "database.url" => {
             quote(&DatabaseUrl::new(s.as_str()).redacted())
         }
+        // `user:password` pasted into the user key: mask after the first ':'.
+        ValueKind::String(s) if key == "console.basic_user" => match s.split_once(':') {
+            Some((user, _)) => quote(&format!("{user}:***")),
+            None => quote(&scrub_secrets(s)),
+        },
         ValueKind::String(s) => quote(&scrub_secrets(s)),
         ValueKind::Nil => "nothing".to_owned(),
         ValueKind::Boolean(b) => b.to_string(),

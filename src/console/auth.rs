@@ -62,7 +62,7 @@ impl Credentials {
         let (scheme, rest) = split_scheme(value)?;
         if scheme.eq_ignore_ascii_case(b"bearer") {
             let token = self.token.as_ref()?;
-            return bool::from(rest.ct_eq(token.expose().as_bytes()))
+            return same_secret(rest, token.expose().as_bytes())
                 .then(|| ConsoleUser("console token".to_owned()));
         }
         if scheme.eq_ignore_ascii_case(b"basic") {
@@ -72,10 +72,9 @@ impl Credentials {
                 .ok()?;
             let (given_user, given_password) = split_once(&decoded, b':')?;
             // Both compared, always, so the time taken says nothing about which one differed.
-            let user_ok = given_user.ct_eq(user.as_bytes());
-            let password_ok = given_password.ct_eq(password.expose().as_bytes());
-            return bool::from(user_ok & password_ok)
-                .then(|| ConsoleUser(format!("console user {user}")));
+            let user_ok = same_secret(given_user, user.as_bytes());
+            let password_ok = same_secret(given_password, password.expose().as_bytes());
+            return (user_ok & password_ok).then(|| ConsoleUser(format!("console user {user}")));
         }
         None
     }
@@ -159,6 +158,25 @@ pub async fn require(
     }
 }
 
+/// Whether `given` equals `secret`, in time that depends on neither where they differ nor
+/// whether their lengths do: both are reduced to fixed-length keyed digests (two SipHash
+/// digests under random per-process keys, 128 bits), which are compared in constant time.
+/// (`subtle`'s slice comparison returns at once on a length mismatch, which tells a prober
+/// the secret's length.)
+fn same_secret(given: &[u8], secret: &[u8]) -> bool {
+    use std::hash::BuildHasher as _;
+    static KEYS: std::sync::OnceLock<[std::collections::hash_map::RandomState; 2]> =
+        std::sync::OnceLock::new();
+    let keys = KEYS.get_or_init(Default::default);
+    let digest = |bytes: &[u8]| {
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&keys[0].hash_one(bytes).to_le_bytes());
+        out[8..].copy_from_slice(&keys[1].hash_one(bytes).to_le_bytes());
+        out
+    };
+    bool::from(digest(given).ct_eq(&digest(secret)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,5 +228,20 @@ mod tests {
         assert!(c.check(Some(b"Basic !!notbase64")).is_none());
         assert!(c.check(Some(b"Bearer pa:ss")).is_none());
         assert_eq!(c.challenges().len(), 1);
+    }
+}
+
+#[cfg(test)]
+mod fixed_length_tests {
+    //! Issue 19, defect 13: secrets are compared as fixed-length digests.
+    use super::same_secret;
+
+    #[test]
+    fn secrets_compare_by_content_whatever_their_lengths() {
+        assert!(same_secret(b"Hunter2-token", b"Hunter2-token"));
+        assert!(!same_secret(b"Hunter2-token", b"Hunter2-tokem"));
+        assert!(!same_secret(b"Hunter2", b"Hunter2-token"));
+        assert!(!same_secret(b"", b"x"));
+        assert!(same_secret(b"", b""));
     }
 }

@@ -7,7 +7,9 @@
 //! - `GET /dead-letters` — the list (`pages::dead_letters`), every filter in the URL (a GET
 //!   form), a count, keyset pages;
 //! - `GET /dead-letters/{position}/{perspective}` — the detail (`pages::detail`), the event
-//!   re-read live from `wh_event_store` as `vantage dlq inspect` does;
+//!   re-read live from `wh_event_store` as `vantage dlq inspect` does; `POST` to the same path
+//!   with `preview=replay` adds a replay's dry run (it runs the statement, rolled back: an
+//!   action, so CSRF-checked and refused when read-only; a GET never runs one);
 //! - `GET /groups` — open dead letters grouped by error fingerprint (`pages::groups`), each
 //!   linking to the list filtered by it and to the bulk previews of that filter;
 //! - `GET /blocked` — the lanes whose head is parked or failing and what waits behind them
@@ -135,7 +137,7 @@ pub fn router(state: ConsoleState) -> Router {
         .route("/blocked", get(pages::blocked::show))
         .route(
             "/dead-letters/{position}/{perspective}",
-            get(pages::detail::show),
+            get(pages::detail::show).post(pages::detail::preview),
         )
         .route("/console.css", get(view::stylesheet))
         .route("/actions", post(pages::actions::act))
@@ -149,7 +151,11 @@ pub fn router(state: ConsoleState) -> Router {
             auth::require,
         ))
         .with_state(state);
-    security::headers(routes.layer(axum::middleware::from_fn(security::reject_cross_site)))
+    security::headers(
+        routes
+            .layer(axum::middleware::from_fn(security::reject_nul))
+            .layer(axum::middleware::from_fn(security::reject_cross_site)),
+    )
 }
 
 /// Binds `listen` (port 0 picks a free one) and returns the listener with its real address.
@@ -172,12 +178,12 @@ pub async fn serve(
     state: ConsoleState,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    // The same request-head timeout and connection cap as the probes' server.
-    let listener = crate::telemetry::http::BoundedListener::new(
+    // The same request-head and body timeouts and connection cap as the probes' server.
+    crate::telemetry::http::serve_router(
         listener,
+        router(state),
+        shutdown,
         crate::telemetry::http::Limits::default(),
-    );
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    )
+    .await
 }

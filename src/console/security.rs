@@ -116,6 +116,57 @@ pub async fn reject_cross_site(request: Request, next: Next) -> Response {
     }
 }
 
+/// The first parameter of a query string or form body whose decoded name or value holds a
+/// NUL byte (PostgreSQL text cannot: every query would fail), if any.
+fn nul_parameter(encoded: &[u8]) -> Option<String> {
+    url::form_urlencoded::parse(encoded)
+        .find(|(k, v)| k.contains('\0') || v.contains('\0'))
+        .map(|(k, _)| crate::text::one_line(&k.replace('\0', "\\0")).into_owned())
+}
+
+fn bad_request(message: String) -> Response {
+    super::error::PageError::BadRequest(message).into_response()
+}
+
+/// The middleware: 400 naming the parameter for a NUL byte in the path, the query or a form
+/// body. The database would refuse such text, and the console would have answered 503 "try
+/// again" for a request no retry can help.
+pub async fn reject_nul(request: Request, next: Next) -> Response {
+    // A URI cannot hold a raw NUL: only its percent-encoding, `%00`.
+    let path_has_nul = request.uri().path().contains("%00");
+    if path_has_nul {
+        return bad_request(
+            "The path holds a NUL byte: no dead letter, perspective or page is named so."
+                .to_owned(),
+        );
+    }
+    if let Some(name) = request
+        .uri()
+        .query()
+        .and_then(|q| nul_parameter(q.as_bytes()))
+    {
+        return bad_request(format!(
+            "{name} holds a NUL byte, which no filter can match."
+        ));
+    }
+    if request.method() != axum::http::Method::POST {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, crate::telemetry::http::MAX_REQUEST_BODY).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            return (StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n").into_response()
+        }
+    };
+    if let Some(name) = nul_parameter(&bytes) {
+        return bad_request(format!(
+            "{name} holds a NUL byte, which no filter can match."
+        ));
+    }
+    next.run(Request::from_parts(parts, bytes.into())).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -248,7 +248,7 @@ pub struct ActionsView {
     pub dead_letter_id: String,
     /// The replay warning, as the CLI prints it.
     pub replay_warning: String,
-    /// This page with the replay's dry run.
+    /// Where the preview button posts (`preview=replay`): this page, with the replay's dry run.
     pub preview_href: String,
     /// Why replay cannot run here (no handler in this configuration), if so.
     pub replay_unavailable: Option<String>,

@@ -272,7 +272,7 @@ pub async fn replay(
             error: e.to_string(),
         }),
         Dispatch::Failed(error) => {
-            let error = error.message().to_owned();
+            let error = crate::text::cap(error.message()).into_owned();
             if !store
                 .record_replay_failure(dl.dead_letter_id, actor, &error)
                 .await?

@@ -150,6 +150,11 @@ impl Reservation {
     pub fn mark_started(&mut self, row: Uuid) {
         self.owner.lock().started.insert(row);
     }
+
+    /// Undoes [`mark_started`](Self::mark_started): the row is handed over again later.
+    pub fn unmark_started(&mut self, row: &Uuid) {
+        self.owner.lock().started.remove(row);
+    }
 }
 
 /// Keeps a batch's server process listed in [`InFlight::backends`] while it runs.

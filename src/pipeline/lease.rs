@@ -141,6 +141,18 @@ impl<S: WorkStore> LeasedBatch<S> {
         }
     }
 
+    /// Undoes [`mark_started`](Self::mark_started) for a row whose handler call failed as a
+    /// whole and that is handed over again (the careful pass marks it when it does): until
+    /// then, it is given back with a refund.
+    pub fn unmark_started(&mut self, id: Uuid) {
+        if let Some(h) = self.held.get_mut(&id) {
+            if h.started {
+                h.started = false;
+                self.reservation.unmark_started(&id);
+            }
+        }
+    }
+
     fn forget(&mut self, id: &Uuid) -> Option<Held> {
         self.reservation.untrack(id);
         self.held.remove(id)
@@ -156,6 +168,8 @@ impl<S: WorkStore> LeasedBatch<S> {
         reason: &str,
         error: &str,
     ) -> Result<MoveOutcome, StoreError> {
+        // Error texts are stored and logged capped (crate::text::MAX_TEXT).
+        let error: &str = &crate::text::cap(error);
         let outcome = self
             .store
             .move_to_dead_letters(self.instance, id, reason, error)
@@ -210,6 +224,8 @@ impl<S: WorkStore> LeasedBatch<S> {
         error: &str,
         retry_in: Duration,
     ) -> Result<bool, StoreError> {
+        // Error texts are stored and logged capped (crate::text::MAX_TEXT).
+        let error: &str = &crate::text::cap(error);
         let recorded = self
             .store
             .record_failure(self.instance, id, error, retry_in)
@@ -308,6 +324,8 @@ impl<S: WorkStore> LeasedBatch<S> {
         error: &str,
         retry_in: Duration,
     ) -> Result<(), StoreError> {
+        // Error texts are stored and logged capped (crate::text::MAX_TEXT).
+        let error: &str = &crate::text::cap(error);
         if tx
             .record_failure(self.instance, id, error, retry_in)
             .await?
@@ -330,6 +348,8 @@ impl<S: WorkStore> LeasedBatch<S> {
         reason: &str,
         error: &str,
     ) -> Result<(), StoreError> {
+        // Error texts are stored and logged capped (crate::text::MAX_TEXT).
+        let error: &str = &crate::text::cap(error);
         if let MoveOutcome::Moved(dead_letter_id) = tx
             .move_to_dead_letters(self.instance, id, reason, error)
             .await?

@@ -74,6 +74,26 @@ impl<'a> StatementBatch<'a> {
         self.statement.is_empty()
     }
 
+    /// The statement list as sent, sorted, and each event's index into it: the session's
+    /// dispatcher cache (at most 16 per session, keyed by the list) is keyed by the *set* of
+    /// statements, so batches that mix the same event types in another order reuse one
+    /// dispatcher instead of filling the cap.
+    fn canonical(&self) -> (Vec<&'a str>, Vec<i32>) {
+        let mut order: Vec<usize> = (0..self.statements.len()).collect();
+        order.sort_by_key(|&i| self.statements[i]);
+        let mut new_index = vec![0i32; order.len()];
+        for (new, &old) in order.iter().enumerate() {
+            new_index[old] = new as i32 + 1;
+        }
+        let statements = order.iter().map(|&i| self.statements[i]).collect();
+        let statement = self
+            .statement
+            .iter()
+            .map(|&old| new_index[(old - 1) as usize])
+            .collect();
+        (statements, statement)
+    }
+
     /// `values` if some statement of the batch mentions `$n`, else nothing (sent as NULL).
     fn sent<'v, T>(&self, n: u8, values: &'v [T]) -> Option<&'v [T]> {
         (self.mentioned & (1 << (n - 1)) != 0).then_some(values)
@@ -122,13 +142,14 @@ pub async fn apply_statements_and_complete_in(
     instance: InstanceId,
     complete: &[Uuid],
 ) -> Result<u64, StoreError> {
+    let (statements, statement) = batch.canonical();
     let n: i32 = sqlx::query_scalar(
         "SELECT apply_and_complete_perspective_events($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     )
     .bind(instance.0)
     .bind(complete)
-    .bind(&batch.statements)
-    .bind(&batch.statement)
+    .bind(&statements)
+    .bind(&statement)
     .bind(batch.sent(1, &batch.data))
     .bind(batch.sent(2, &batch.stream_id))
     .bind(batch.sent(3, &batch.event_id))
@@ -144,7 +165,43 @@ pub async fn apply_statements_and_complete_in(
 
 #[cfg(test)]
 mod tests {
-    use super::mentioned_params;
+    use super::{mentioned_params, StatementBatch, StatementParams};
+
+    /// Issue 19, defect 19: the same statements in another order are sent as the same list
+    /// (the dispatcher's key), and every event still runs its own statement.
+    #[test]
+    fn batches_are_sent_keyed_by_the_set_of_statements() {
+        let data = serde_json::json!({});
+        let p = StatementParams {
+            data: &data,
+            stream_id: uuid::Uuid::nil(),
+            event_id: uuid::Uuid::nil(),
+            event_type: "T",
+            global_position: 1,
+            stream_version: 1,
+            metadata: &data,
+        };
+        let mut a = StatementBatch::default();
+        for s in ["UPDATE b", "INSERT a", "UPDATE b", "DELETE c"] {
+            a.push(s, p);
+        }
+        let mut b = StatementBatch::default();
+        for s in ["DELETE c", "INSERT a", "UPDATE b"] {
+            b.push(s, p);
+        }
+        let (sa, ia) = a.canonical();
+        let (sb, ib) = b.canonical();
+        assert_eq!(sa, sb);
+        assert_eq!(sa, ["DELETE c", "INSERT a", "UPDATE b"]);
+        let ran = |s: &[&str], i: &[i32]| -> Vec<String> {
+            i.iter().map(|&n| s[(n - 1) as usize].to_owned()).collect()
+        };
+        assert_eq!(
+            ran(&sa, &ia),
+            ["UPDATE b", "INSERT a", "UPDATE b", "DELETE c"]
+        );
+        assert_eq!(ran(&sb, &ib), ["DELETE c", "INSERT a", "UPDATE b"]);
+    }
 
     #[test]
     fn mentioned_params_reads_every_dollar_number() {

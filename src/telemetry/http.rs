@@ -14,10 +14,13 @@
 //!
 //! Connections are bounded so that slow or half-sent requests cannot starve the probes (nor
 //! use up the process's file descriptors): a connection must send its request head within
-//! [`Limits::request_head_timeout`] of being accepted or answered, and at most
-//! [`Limits::max_connections`] are served at once. At the cap, a new connection is taken and the
-//! oldest one that has not been answered yet (else the oldest idle one) is closed, so a probe
-//! always gets in.
+//! [`Limits::request_head_timeout`] of being accepted or answered (that deadline bounds reading
+//! the head, nothing else: a long request is never cut), its body within
+//! [`REQUEST_BODY_TIMEOUT`], and at most [`Limits::max_connections`] are open at once. At the
+//! cap, a new connection is taken and the oldest one that waits for a request head is closed
+//! (one never answered first, then one answered that waits for, or is part-way through, its
+//! next head); a connection whose request is being served is never closed, so a probe always
+//! gets in unless every slot is answering a request.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -147,20 +150,69 @@ pub async fn serve_with(
     limits: Limits,
 ) -> Result<(), TelemetryError> {
     let upkeep = tokio::spawn(upkeep(state.metrics.clone(), shutdown.clone()));
-    let listener = BoundedListener::new(listener, limits);
-    let result = axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+    let result = serve_router(listener, router(state), shutdown, limits)
         .await
         .map_err(TelemetryError::Serve);
     upkeep.abort();
     result
 }
 
+/// Serves any `router` on `listener` under `limits` until `shutdown` is cancelled (the probes'
+/// server and the console's both go through here).
+pub(crate) async fn serve_router(
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+    limits: Limits,
+) -> io::Result<()> {
+    let listener = BoundedListener::new(listener, limits);
+    let router = router.layer(axum::middleware::from_fn(read_body_in_time));
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
+
+/// How long a request body may take to arrive, in all (counted from when its head was read).
+/// The head deadline no longer covers a request once its head is complete, so this is what
+/// keeps a body sent a byte at a time from holding a connection slot.
+pub const REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Largest request body read (the console's forms are far smaller): 2 MiB.
+pub const MAX_REQUEST_BODY: usize = 2 * 1024 * 1024;
+
+/// Reads the whole request body within [`REQUEST_BODY_TIMEOUT`] and [`MAX_REQUEST_BODY`]
+/// before the handler runs: `408` if it is too slow, `413` if it is too big.
+async fn read_body_in_time(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    match tokio::time::timeout(
+        REQUEST_BODY_TIMEOUT,
+        axum::body::to_bytes(body, MAX_REQUEST_BODY),
+    )
+    .await
+    {
+        Ok(Ok(bytes)) => {
+            next.run(axum::extract::Request::from_parts(parts, bytes.into()))
+                .await
+        }
+        Ok(Err(_)) => (StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n").into_response(),
+        Err(_) => (
+            StatusCode::REQUEST_TIMEOUT,
+            "request body not sent in time\n",
+        )
+            .into_response(),
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Connection limits
 
 /// How long a connection may take to send a request head, counted from when it was accepted
-/// or last answered (so it is also how long an idle keep-alive connection is kept).
+/// or last answered (so it is also how long an idle keep-alive connection is kept). It bounds
+/// reading the head and nothing else: a request whose head is complete runs as long as its
+/// handler takes.
 pub const REQUEST_HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Most connections served at once (far below the unit's `LimitNOFILE`, leaving room for the
@@ -190,8 +242,9 @@ impl Default for Limits {
 struct ConnState {
     /// A response has been written on it.
     answered: AtomicBool,
-    /// Its last I/O was a response written (it waits for the next request).
-    idle: AtomicBool,
+    /// Its request head is complete and its response not started: a request is being served.
+    /// Such a connection is never evicted, and the head deadline does not apply to it.
+    serving: AtomicBool,
     /// The listener closed it to make room.
     evicted: AtomicBool,
     /// Dropped.
@@ -215,6 +268,42 @@ impl ConnState {
 
     fn live(&self) -> bool {
         !self.closed.load(Ordering::Acquire) && !self.evicted.load(Ordering::Acquire)
+    }
+
+    /// Waiting for (or part-way through) a request head: may be evicted.
+    fn evictable(&self) -> bool {
+        self.live() && !self.serving.load(Ordering::Acquire)
+    }
+}
+
+/// Finds the end of a request head (an empty line, `\r\n\r\n` or `\n\n`) in the bytes read,
+/// across reads. Empty lines before a request line are ignored, as HTTP/1.1 allows, so they
+/// cannot end a "head" that never started.
+#[derive(Default)]
+struct HeadScan {
+    seen_text: bool,
+    newlines: u8,
+}
+
+impl HeadScan {
+    /// Feeds bytes; true once the head is complete.
+    fn feed(&mut self, bytes: &[u8]) -> bool {
+        for &b in bytes {
+            match b {
+                b'\n' if self.seen_text => {
+                    self.newlines += 1;
+                    if self.newlines == 2 {
+                        return true;
+                    }
+                }
+                b'\r' | b'\n' => {}
+                _ => {
+                    self.seen_text = true;
+                    self.newlines = 0;
+                }
+            }
+        }
+        false
     }
 }
 
@@ -244,13 +333,13 @@ impl BoundedListener {
         open.retain(|c| !c.closed.load(Ordering::Acquire));
         let live = open.iter().filter(|c| c.live()).count();
         if live >= self.limits.max_connections.max(1) {
+            // The oldest connection that never got an answer and is not being served; else the
+            // oldest answered one that waits for (or is part-way through) its next head. A
+            // connection whose request is being served is never closed.
             let victim = open
                 .iter()
-                .find(|c| c.live() && !c.answered.load(Ordering::Acquire))
-                .or_else(|| {
-                    open.iter()
-                        .find(|c| c.live() && c.idle.load(Ordering::Acquire))
-                });
+                .find(|c| c.evictable() && !c.answered.load(Ordering::Acquire))
+                .or_else(|| open.iter().find(|c| c.evictable()));
             match victim {
                 Some(victim) => victim.evict(),
                 None => return false,
@@ -279,6 +368,7 @@ impl axum::serve::Listener for BoundedListener {
                 BoundedIo {
                     stream,
                     conn,
+                    head: HeadScan::default(),
                     timeout,
                     deadline: Box::pin(tokio::time::sleep(timeout)),
                 },
@@ -292,20 +382,40 @@ impl axum::serve::Listener for BoundedListener {
     }
 }
 
-/// A connection under [`Limits`]: its reads fail once the request-head deadline has passed or
-/// the listener evicted it, which makes the server close it.
+/// A connection under [`Limits`]: while it waits for a request head, its reads fail once the
+/// head deadline has passed; once the head is complete, nothing times out until the response
+/// is written (the server polls reads while a handler runs, and a long request must not be
+/// cut). Evicted by the listener, its reads fail, which makes the server close it.
 pub(crate) struct BoundedIo {
     stream: TcpStream,
     conn: Arc<ConnState>,
+    head: HeadScan,
     timeout: Duration,
     deadline: Pin<Box<Sleep>>,
 }
 
 impl BoundedIo {
-    fn answered(&mut self) {
+    /// `written` went out. A response (not an interim `100 Continue`) ends the request: the
+    /// connection waits for its next head, under a fresh deadline.
+    fn wrote(&mut self, written: &[u8]) {
+        if self.conn.serving.load(Ordering::Acquire) && written.starts_with(b"HTTP/1.1 1") {
+            return;
+        }
         self.conn.answered.store(true, Ordering::Release);
-        self.conn.idle.store(true, Ordering::Release);
+        self.conn.serving.store(false, Ordering::Release);
+        self.head = HeadScan::default();
         self.deadline.as_mut().reset(Instant::now() + self.timeout);
+        // A read that went pending while the request was served did not arm the deadline:
+        // wake it, so that it is polled again and does.
+        let reader = self
+            .conn
+            .reader
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(waker) = reader {
+            waker.wake();
+        }
     }
 }
 
@@ -329,8 +439,10 @@ impl AsyncRead for BoundedIo {
         let before = buf.filled().len();
         match Pin::new(&mut this.stream).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
-                if buf.filled().len() > before {
-                    this.conn.idle.store(false, Ordering::Release);
+                if !this.conn.serving.load(Ordering::Acquire)
+                    && this.head.feed(&buf.filled()[before..])
+                {
+                    this.conn.serving.store(true, Ordering::Release);
                 }
                 Poll::Ready(Ok(()))
             }
@@ -345,7 +457,9 @@ impl AsyncRead for BoundedIo {
                 if this.conn.evicted.load(Ordering::Acquire) {
                     return Poll::Ready(Err(evicted()));
                 }
-                if this.deadline.as_mut().poll(cx).is_ready() {
+                if !this.conn.serving.load(Ordering::Acquire)
+                    && this.deadline.as_mut().poll(cx).is_ready()
+                {
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::TimedOut,
                         "no complete request in time",
@@ -365,8 +479,10 @@ impl AsyncWrite for BoundedIo {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let written = Pin::new(&mut this.stream).poll_write(cx, buf);
-        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
-            this.answered();
+        if let Poll::Ready(Ok(n)) = written {
+            if n > 0 {
+                this.wrote(&buf[..n]);
+            }
         }
         written
     }
@@ -378,8 +494,14 @@ impl AsyncWrite for BoundedIo {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let written = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
-        if matches!(written, Poll::Ready(Ok(n)) if n > 0) {
-            this.answered();
+        if let Poll::Ready(Ok(n)) = written {
+            if n > 0 {
+                let first = bufs
+                    .iter()
+                    .find(|b| !b.is_empty())
+                    .map_or(&[][..], |b| &b[..]);
+                this.wrote(first);
+            }
         }
         written
     }
@@ -726,5 +848,151 @@ mod tests {
         }
         shutdown.cancel();
         task.await.expect("join").expect("server stops");
+    }
+}
+
+#[cfg(test)]
+mod hardening_tests {
+    //! Issue 19, defects 2 and 3: the request-head timeout bounds reading a request head and
+    //! nothing else, and connections that were answered cannot crowd the probes out.
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn start_with(
+        router: Router,
+        limits: Limits,
+    ) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<()>) {
+        let (listener, addr) = bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .expect("bind");
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(serve_router(listener, router, shutdown.clone(), limits));
+        let task = tokio::spawn(async move { task.await.expect("join").expect("serve") });
+        (addr, shutdown, task)
+    }
+
+    fn probes() -> Router {
+        let handle = super::super::recorder::install().expect("recorder");
+        router(HttpState::new(handle, Health::new()))
+    }
+
+    /// Reads one response (head and `Content-Length` body) from `stream`.
+    async fn read_response(stream: &mut TcpStream) -> String {
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            raw.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&raw);
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let len = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
+                if body.len() >= len {
+                    break;
+                }
+            }
+        }
+        String::from_utf8_lossy(&raw).into_owned()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn answered_connections_that_start_a_next_request_cannot_starve_the_probes() {
+        // A long head timeout, so eviction is what has to make room.
+        let limits = Limits {
+            max_connections: 8,
+            request_head_timeout: Duration::from_secs(60),
+        };
+        let (addr, shutdown, task) = start_with(probes(), limits).await;
+        // Fill every slot with connections that got one answer and then sent one byte of a
+        // next request.
+        let mut attackers = Vec::new();
+        for _ in 0..8 {
+            let mut s = TcpStream::connect(addr).await.expect("connect");
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .expect("write");
+            let answer = read_response(&mut s).await;
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            s.write_all(b"G").await.expect("write");
+            attackers.push(s);
+        }
+        let mut answered = 0;
+        for _ in 0..27 {
+            let probe = async {
+                let mut s = TcpStream::connect(addr).await.ok()?;
+                s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .await
+                    .ok()?;
+                let mut raw = Vec::new();
+                s.read_to_end(&mut raw).await.ok()?;
+                Some(String::from_utf8_lossy(&raw).starts_with("HTTP/1.1 200"))
+            };
+            if let Ok(Some(true)) = tokio::time::timeout(Duration::from_secs(2), probe).await {
+                answered += 1;
+            }
+            // The attack goes on: the evicted attacker comes back in the same shape.
+            let mut s = TcpStream::connect(addr).await.expect("connect");
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .expect("write");
+            let _ = tokio::time::timeout(Duration::from_secs(2), read_response(&mut s)).await;
+            let _ = s.write_all(b"G").await;
+            attackers.push(s);
+        }
+        assert_eq!(answered, 27, "probes answered during the attack");
+        shutdown.cancel();
+        drop(attackers);
+        task.await.expect("server stops");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_longer_than_the_head_timeout_is_answered() {
+        let limits = Limits {
+            max_connections: 8,
+            request_head_timeout: Duration::from_millis(300),
+        };
+        let slow = Router::new().route(
+            "/slow",
+            get(|| async {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                "done"
+            })
+            .post(|body: String| async move {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                format!("got {}", body.len())
+            }),
+        );
+        let (addr, shutdown, task) = start_with(slow, limits).await;
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        s.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("write");
+        let answer = tokio::time::timeout(Duration::from_secs(10), read_response(&mut s))
+            .await
+            .expect("answered");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("done"), "{answer}");
+        // The same keep-alive connection, a POST with a body: also answered in full.
+        s.write_all(b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
+            .await
+            .expect("write");
+        let answer = tokio::time::timeout(Duration::from_secs(10), read_response(&mut s))
+            .await
+            .expect("answered");
+        assert!(answer.ends_with("got 3"), "{answer}");
+        // And an idle keep-alive connection is still closed after the head timeout.
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .expect("the idle connection is closed");
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+        shutdown.cancel();
+        task.await.expect("server stops");
     }
 }

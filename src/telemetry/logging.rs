@@ -83,7 +83,7 @@ where
         .with_writer(writer)
         .with_env_filter(filter);
     match format {
-        LogFormat::Text => Box::new(builder.with_ansi(ansi).finish()),
+        LogFormat::Text => Box::new(builder.with_ansi(ansi).fmt_fields(EscapedFields).finish()),
         LogFormat::Json => Box::new(
             builder
                 .with_ansi(false)
@@ -97,6 +97,58 @@ where
 
 /// The filter to use: `rust_log` (the value of `RUST_LOG`, if set and not empty) wins over
 /// `settings.level`.
+/// The text format's fields, as tracing's default formatter writes them (`message` bare, then
+/// ` name=value`), with every value escaped ([`crate::text::one_line`]): a CR, LF or escape
+/// sequence in an error text or a payload cannot forge or hide a log line.
+struct EscapedFields;
+
+impl<'writer> tracing_subscriber::fmt::FormatFields<'writer> for EscapedFields {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        writer: tracing_subscriber::fmt::format::Writer<'writer>,
+        fields: R,
+    ) -> std::fmt::Result {
+        let mut visitor = EscapingVisitor {
+            writer,
+            first: true,
+            result: Ok(()),
+        };
+        fields.record(&mut visitor);
+        visitor.result
+    }
+}
+
+struct EscapingVisitor<'writer> {
+    writer: tracing_subscriber::fmt::format::Writer<'writer>,
+    first: bool,
+    result: std::fmt::Result,
+}
+
+impl tracing::field::Visit for EscapingVisitor<'_> {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            self.record_debug(field, &format_args!("{value}"));
+        } else {
+            self.record_debug(field, &value);
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if self.result.is_err() || field.name().starts_with("log.") {
+            return;
+        }
+        let text = format!("{value:?}");
+        let text = crate::text::one_line(&text);
+        let separator = if self.first { "" } else { " " };
+        self.first = false;
+        self.result = if field.name() == "message" {
+            write!(self.writer, "{separator}{text}")
+        } else {
+            write!(self.writer, "{separator}{}={text}", field.name())
+        };
+    }
+}
+
 fn filter_for(settings: &LogSettings, rust_log: Option<&str>) -> Result<EnvFilter, TelemetryError> {
     let (origin, value) = match rust_log {
         Some(v) => (RUST_LOG, v),
@@ -204,5 +256,47 @@ mod tests {
         let line: serde_json::Value = serde_json::from_str(json.trim()).expect("one JSON line");
         assert_eq!(line["level"], "WARN");
         assert_eq!(line["fields"]["perspective"], "p");
+    }
+}
+
+#[cfg(test)]
+mod escaping_tests {
+    //! Issue 19, defect 6: a value with CR/LF or escape sequences cannot forge a log line.
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lock").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn text_logs_escape_field_values_and_messages() {
+        let out = Captured::default();
+        let writer = out.clone();
+        let settings = LogSettings {
+            format: LogFormat::Text,
+            level: "info".to_owned(),
+        };
+        let filter = filter_for(&settings, None).expect("filter");
+        let subscriber = subscriber(LogFormat::Text, filter, move || writer.clone(), false);
+        let forged = "boom\r\n2026-01-01T00:00:00Z  INFO vantage::console::audit: console action actor=admin \u{1b}[2J";
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(error = %forged, detail = ?forged, "apply failed; the event is parked");
+            tracing::info!("message with {forged}");
+        });
+        let text = String::from_utf8(out.0.lock().expect("lock").clone()).expect("utf-8");
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(!text.contains('\r') && !text.contains('\u{1b}'), "{text:?}");
+        assert!(text.contains("boom\\r\\n2026"), "{text}");
     }
 }

@@ -30,26 +30,23 @@ impl CliHint {
         // Replay needs the perspectives' statements: point the commands at the demo's file.
         let config = match &demo.file {
             Some(path) => Some(path.clone()),
-            None => {
-                let copy = std::env::temp_dir().join("vantage-demo.toml");
-                match std::fs::write(&copy, EMBEDDED_CONFIG) {
-                    Ok(()) => {
-                        notes.push(format!(
-                            "{} is a copy of the demo configuration built into this binary",
-                            copy.display()
-                        ));
-                        Some(copy)
-                    }
-                    Err(e) => {
-                        notes.push(format!(
-                            "replay needs the demo perspectives' configuration, which could not \
-                             be written to {}: {e}",
-                            copy.display()
-                        ));
-                        None
-                    }
+            None => match write_private_copy(&std::env::temp_dir()) {
+                Ok(copy) => {
+                    notes.push(format!(
+                        "{} is a copy of the demo configuration built into this binary",
+                        copy.display()
+                    ));
+                    Some(copy)
                 }
-            }
+                Err(e) => {
+                    notes.push(format!(
+                        "replay needs the demo perspectives' configuration, which could not \
+                             be written to a new directory in {}: {e}",
+                        std::env::temp_dir().display()
+                    ));
+                    None
+                }
+            },
         };
         if let Some(config) = config {
             parts.push(format!(
@@ -88,6 +85,34 @@ impl CliHint {
     }
 }
 
+/// Writes the embedded demo configuration to `vantage-demo.toml` in a new directory of its own
+/// under `parent` (`vantage-demo-XXXXXX`, mode 0700, the file 0600, created new): never
+/// through a planted symlink, never into a file someone else created (who could then change
+/// the SQL the printed commands run). The directory is kept: the printed commands use it.
+fn write_private_copy(parent: &Path) -> std::io::Result<std::path::PathBuf> {
+    use std::io::Write as _;
+    let mut builder = tempfile::Builder::new();
+    builder.prefix("vantage-demo-");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        builder.permissions(std::fs::Permissions::from_mode(0o700));
+    }
+    let dir = builder.tempdir_in(parent)?.keep();
+    let path = dir.join("vantage-demo.toml");
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.mode(0o600);
+    }
+    let mut file = options.open(&path)?;
+    file.write_all(EMBEDDED_CONFIG.as_bytes())?;
+    file.sync_all()?;
+    Ok(path)
+}
+
 /// This executable as the user can type it: relative to the working directory when it is
 /// inside it (`target/release/vantage`), else its full path.
 fn program() -> String {
@@ -117,6 +142,30 @@ fn shell_quote(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 19, defect 11: the copy never follows a planted symlink nor reuses a file.
+    #[cfg(unix)]
+    #[test]
+    fn the_config_copy_is_new_and_private() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        // What an attacker plants where the old code wrote.
+        std::os::unix::fs::symlink(&victim, tmp.path().join("vantage-demo.toml")).unwrap();
+        let copy = write_private_copy(tmp.path()).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert_eq!(std::fs::read_to_string(&copy).unwrap(), EMBEDDED_CONFIG);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&copy), 0o600);
+        assert_eq!(mode(copy.parent().unwrap()), 0o700);
+        assert!(!std::fs::symlink_metadata(&copy)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        let again = write_private_copy(tmp.path()).unwrap();
+        assert_ne!(copy, again, "each run gets a directory of its own");
+    }
 
     #[test]
     fn shell_quoting() {

@@ -61,6 +61,8 @@ fn render(dl: &DeadLetter, event: &StoredEvent, history: &[HistoryEntry]) -> Str
     field(&mut out, "Stored at", &timestamp(&event.created_at));
     let data = serde_json::to_string_pretty(&sort_keys(event.event_data.clone()))
         .unwrap_or_else(|_| event.event_data.to_string());
+    // Each text of the human view is capped (crate::text::MAX_TEXT); --json has it all.
+    let data = crate::text::cap(&data);
     out.push_str("  Data:\n");
     for line in data.lines() {
         let _ = writeln!(out, "    {line}");
@@ -78,7 +80,7 @@ fn render(dl: &DeadLetter, event: &StoredEvent, history: &[HistoryEntry]) -> Str
     field(
         &mut out,
         "Error",
-        dl.error_text.as_deref().unwrap_or("(none recorded)"),
+        &crate::text::cap(dl.error_text.as_deref().unwrap_or("(none recorded)")),
     );
     field(&mut out, "Attempts", &dl.attempts_when_dlq.to_string());
     field(&mut out, "Failures", &dl.failures_when_dlq.to_string());
@@ -97,7 +99,7 @@ fn render(dl: &DeadLetter, event: &StoredEvent, history: &[HistoryEntry]) -> Str
     for h in history {
         let _ = writeln!(out, "  {}  {} by {}", timestamp(&h.at), h.kind, h.actor);
         if let Some(detail) = &h.detail {
-            for line in detail.lines() {
+            for line in crate::text::cap(detail).lines() {
                 let _ = writeln!(out, "      {line}");
             }
         }

@@ -2,9 +2,9 @@
 //! an error group: count, `--dry-run`, confirmation, `--limit N`, see [`super::bulk`]) for good. Runs no handler and reads no event, so it
 //! works for an event that can no longer be read; the history keeps a terminal record.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
-use super::bulk::{self, BulkAction, Selection};
+use super::bulk::{self, describe, BulkAction, Selection};
 use super::{msg, target_json, Ctx, PurgeArgs};
 use crate::cli::output::{self, confirm, operator_actor, Confirmed, Failure};
 use crate::dlq::{self, check_perspective, resolve};
@@ -28,6 +28,20 @@ pub(super) async fn run(ctx: &Ctx<'_>, args: PurgeArgs) -> Result<Value, Failure
         return bulk::run(ctx, BulkAction::Purge, selection).await;
     };
     let dl = resolve(ctx.store, n, args.perspective.as_deref(), None).await?;
+    if args.dry_run {
+        // A dry run of one position: the same listing as a bulk one, nothing changed.
+        ctx.ui.say(msg::would_purge(1));
+        ctx.ui.say(describe(&dl));
+        return Ok(json!({
+            "count": 1, "dry_run": true, "purged": 0,
+            "items": [{
+                "outcome": "would_purge",
+                "perspective": dl.perspective_name,
+                "position": dl.global_position,
+                "reason": dl.failure_reason,
+            }],
+        }));
+    }
     let confirmed = confirm(&msg::purge_prompt(n), args.yes).await?;
     if !purge(ctx.store, &dl, &operator_actor(), &confirmed)
         .await

@@ -252,27 +252,48 @@ pub async fn confirm(
     }
 
     let acting = letters.len();
-    let mut tally = Tally::default();
-    for dl in &letters {
-        match perform(&state, action, dl, &user).await? {
-            Outcome::Done => tally.done += 1,
-            Outcome::Lost => tally.lost += 1,
-            Outcome::Queued => tally.queued += 1,
-            Outcome::ReplayFailed(_) => tally.failed += 1,
-            Outcome::Rebuilding => {
-                tally.stopped = Some(msg::being_rebuilt(&dl.perspective_name));
-                break;
+    // The walk runs in a task of its own: if the client goes away (or the connection is cut),
+    // it still finishes, and its audit line and flash message say exactly what it did.
+    let walk = {
+        let state = state.clone();
+        let user = user.clone();
+        async move {
+            let mut tally = Tally::default();
+            let mut error = None;
+            for dl in &letters {
+                match perform(&state, action, dl, &user).await {
+                    Ok(Outcome::Done) => tally.done += 1,
+                    Ok(Outcome::Lost) => tally.lost += 1,
+                    Ok(Outcome::Queued) => tally.queued += 1,
+                    Ok(Outcome::ReplayFailed(_)) => tally.failed += 1,
+                    Ok(Outcome::Rebuilding) => {
+                        tally.stopped = Some(msg::being_rebuilt(&dl.perspective_name));
+                        break;
+                    }
+                    Ok(Outcome::Refused(e)) => {
+                        tally.refused += 1;
+                        tally.first_refusal.get_or_insert_with(|| e.to_string());
+                    }
+                    Err(e) => {
+                        tally.stopped = Some(e.to_string());
+                        error = Some(e);
+                        break;
+                    }
+                }
             }
-            Outcome::Refused(e) => {
-                tally.refused += 1;
-                tally.first_refusal.get_or_insert_with(|| e.to_string());
-            }
+            tracing::info!(target: AUDIT_TARGET, actor = %user.0, action = action.name(),
+                filter = ?params, count, acting, done = tally.done, lost = tally.lost,
+                queued = tally.queued, failed = tally.failed, refused = tally.refused,
+                stopped = tally.stopped.is_some(), "console bulk action");
+            (tally, error, params)
         }
+    };
+    let (tally, error, params) = tokio::spawn(walk).await.map_err(|e| {
+        PageError::Unavailable(format!("The bulk action stopped unexpectedly: {e}"))
+    })?;
+    if let Some(e) = error {
+        return Err(e.into());
     }
-    tracing::info!(target: AUDIT_TARGET, actor = %user.0, action = action.name(),
-        filter = ?params, count, acting, done = tally.done, lost = tally.lost,
-        queued = tally.queued, failed = tally.failed, refused = tally.refused,
-        stopped = tally.stopped.is_some(), "console bulk action");
     let flash = tally.message(action, acting, count - acting as i64);
     Ok(see_other(&with_flash(&state, &list_href(&params), flash)))
 }

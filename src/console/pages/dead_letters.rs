@@ -72,6 +72,19 @@ pub(crate) fn given(v: &Option<String>) -> Option<String> {
 /// `since` / `until`: RFC 3339, or a UTC date and time as a `datetime-local` input sends it,
 /// or a date.
 pub fn parse_time(name: &str, text: &str) -> Result<DateTime<Utc>, PageError> {
+    use chrono::Datelike as _;
+    let t = parse_any_time(name, text)?;
+    // PostgreSQL's timestamptz ends in 4713 BC and 294276 AD, and a console filter needs no
+    // more than years 1 to 9999: outside them the database would refuse the query (a 503).
+    if !(1..=9999).contains(&t.year()) {
+        return Err(PageError::BadRequest(format!(
+            "{name} = {text:?} is out of range: use a year from 1 to 9999."
+        )));
+    }
+    Ok(t)
+}
+
+fn parse_any_time(name: &str, text: &str) -> Result<DateTime<Utc>, PageError> {
     if let Ok(t) = DateTime::parse_from_rfc3339(text) {
         return Ok(t.with_timezone(&Utc));
     }

@@ -22,17 +22,35 @@ fn same_event(dl: &DeadLetter, event: Option<StoredEvent>) -> Option<StoredEvent
     event.filter(|e| e.global_position == dl.global_position && e.event_id == dl.event_id)
 }
 
+/// The value as indented JSON, capped ([`crate::text::cap`]).
 fn pretty(value: &serde_json::Value) -> String {
     let sorted = sort_keys(value.clone());
-    serde_json::to_string_pretty(&sorted).unwrap_or_else(|_| sorted.to_string())
+    let text = serde_json::to_string_pretty(&sorted).unwrap_or_else(|_| sorted.to_string());
+    capped(text)
 }
 
-/// The detail's query: the message of the action that redirected here.
+/// What a page renders of one text: at most [`crate::text::MAX_TEXT`] bytes and the count of
+/// the rest.
+fn capped(text: String) -> String {
+    match crate::text::cap(&text) {
+        std::borrow::Cow::Borrowed(_) => text,
+        std::borrow::Cow::Owned(cut) => cut,
+    }
+}
+
+/// The detail's query: the message of the action that redirected here. (A `preview` in the
+/// query is ignored: a GET never runs a perspective's statement; the preview is a POST.)
 #[derive(Debug, Default, Deserialize)]
 pub struct DetailQuery {
     flash: Option<String>,
-    /// `replay`: show what a replay would change, from a dry run (rolled back).
-    preview: Option<String>,
+}
+
+/// The form of `POST /dead-letters/{position}/{perspective}`: `preview=replay` (the replay
+/// form's fields, also sent, are ignored).
+#[derive(Debug, Default, Deserialize)]
+pub struct PreviewForm {
+    #[serde(default)]
+    preview: String,
 }
 
 /// Runs the replay's dry run ([`dlq::dry_run`], as `vantage dlq replay --dry-run` does) for the
@@ -56,14 +74,17 @@ async fn replay_preview(state: &ConsoleState, dl: &DeadLetter) -> ReplayPreviewV
         Err(e) => view.summary = e.to_string(),
         Ok(DryRun {
             error: Some(error), ..
-        }) => view.summary = msg::dry_run_would_fail(&error),
+        }) => view.summary = capped(msg::dry_run_would_fail(&error)),
         Ok(DryRun {
             error: None,
             preview,
         }) => {
             view.ok = true;
             view.summary = msg::dry_run_would_resolve(n);
-            let text = |v: &Option<String>| v.clone().unwrap_or_else(|| "(none)".to_owned());
+            let text = |v: &Option<String>| {
+                v.as_deref()
+                    .map_or_else(|| "(none)".to_owned(), |t| crate::text::cap(t).into_owned())
+            };
             match preview {
                 Preview::Rows(rows) => {
                     if rows.is_empty() {
@@ -84,13 +105,13 @@ async fn replay_preview(state: &ConsoleState, dl: &DeadLetter) -> ReplayPreviewV
                             after: if r.key.is_some() {
                                 text(&r.after)
                             } else {
-                                r.written.clone()
+                                crate::text::cap(&r.written).into_owned()
                             },
                             table: r.table,
                         })
                         .collect();
                 }
-                Preview::Returned(rows) => view.returned = rows,
+                Preview::Returned(rows) => view.returned = rows.into_iter().map(capped).collect(),
                 Preview::Unavailable => view.summary.push_str(
                     " Which rows it writes could not be read (the statement is not a plain INSERT, UPDATE or DELETE).",
                 ),
@@ -100,12 +121,53 @@ async fn replay_preview(state: &ConsoleState, dl: &DeadLetter) -> ReplayPreviewV
     view
 }
 
-/// `GET /dead-letters/{position}/{perspective}`.
+/// `GET /dead-letters/{position}/{perspective}`: reads only, runs no statement of a
+/// perspective.
 pub async fn show(
     State(state): State<ConsoleState>,
     Path((position, perspective)): Path<(i64, String)>,
     Query(query): Query<DetailQuery>,
 ) -> Result<Response, PageError> {
+    page(
+        &state,
+        position,
+        &perspective,
+        query.flash.as_deref(),
+        false,
+    )
+    .await
+}
+
+/// `POST /dead-letters/{position}/{perspective}` with `preview=replay`: the page with what a
+/// replay would change, from a dry run (the statement runs, rolled back). Executing a
+/// perspective's statement is an action: a POST (so the CSRF check applies), refused by a
+/// read-only console.
+pub async fn preview(
+    State(state): State<ConsoleState>,
+    Path((position, perspective)): Path<(i64, String)>,
+    axum::extract::Form(form): axum::extract::Form<PreviewForm>,
+) -> Result<Response, PageError> {
+    if let Some(refused) = super::actions::refuse_read_only(&state) {
+        return Ok(refused);
+    }
+    if form.preview != "replay" {
+        return Err(PageError::BadRequest(format!(
+            "preview = {:?} is not a preview: use replay.",
+            form.preview
+        )));
+    }
+    page(&state, position, &perspective, None, true).await
+}
+
+async fn page(
+    state: &ConsoleState,
+    position: i64,
+    perspective: &str,
+    flash: Option<&str>,
+    with_preview: bool,
+) -> Result<Response, PageError> {
+    let state = state.clone();
+    let perspective = perspective.to_owned();
     let store = state.store();
     let mut letters = store.dead_letters_of(position, &perspective).await?;
     if letters.is_empty() {
@@ -116,7 +178,7 @@ pub async fn show(
     let dl = letters.remove(0);
     let event = same_event(&dl, store.event_at(dl.global_position).await?);
     let history = store.dead_letter_history(dl.dead_letter_id).await?;
-    let preview = if query.preview.as_deref() == Some("replay") && dl.status == "exhausted" {
+    let preview = if with_preview && dl.status == "exhausted" {
         Some(replay_preview(&state, &dl).await)
     } else {
         None
@@ -127,7 +189,7 @@ pub async fn show(
         ActionsView {
             dead_letter_id: dl.dead_letter_id.to_string(),
             replay_warning: msg::replay_warning(p, n),
-            preview_href: format!("{}?preview=replay", view::detail_href(n, p)),
+            preview_href: view::detail_href(n, p),
             replay_unavailable: (!state.perspectives().iter().any(|s| s.name == p))
                 .then(|| msg::no_handler(p, n)),
             purge_note: "Closes it for good without running anything; a terminal record is kept in the history.".to_owned(),
@@ -135,7 +197,7 @@ pub async fn show(
     });
     let page = DetailPage {
         read_only: state.read_only(),
-        flash: state.flash(query.flash.as_deref()),
+        flash: state.flash(flash),
         actions,
         preview,
         list_href: view::dead_letters_href(&[("perspective", dl.perspective_name.as_str())]),
@@ -161,15 +223,16 @@ pub async fn show(
                 at: view::at(&h.at),
                 kind: h.kind,
                 actor: h.actor,
-                detail: h.detail.unwrap_or_default(),
+                detail: capped(h.detail.unwrap_or_default()),
             })
             .collect(),
         dl: DeadLetterView {
             position: dl.global_position,
             reason: dl.failure_reason,
-            error: dl
-                .error_text
-                .unwrap_or_else(|| "(none recorded)".to_owned()),
+            error: capped(
+                dl.error_text
+                    .unwrap_or_else(|| "(none recorded)".to_owned()),
+            ),
             attempts: dl.attempts_when_dlq,
             failures: dl.failures_when_dlq,
             at: view::at(&dl.dead_lettered_at),

@@ -189,6 +189,15 @@ fn is_cooled<S: WorkStore>(ctx: &ApplyContext<S>, id: Uuid) -> bool {
     ctx.cooldown.as_ref().is_some_and(|c| c.is_cooled(id))
 }
 
+/// Whether a handler failed because a statement its connection had prepared and cached no
+/// longer matches the schema (SQLSTATE 0A000, "cached plan must not change result type",
+/// after an `ALTER TABLE` or a re-created function): a failure of the connection's statement
+/// cache, which clearing it heals.
+fn is_stale_plan(e: &ApplyError) -> bool {
+    e.message()
+        .contains("cached plan must not change result type")
+}
+
 /// What one handler call produced.
 enum Applied {
     Done,
@@ -336,9 +345,9 @@ pub(super) async fn apply_fast<S: WorkStore>(
             }
             if set_wise {
                 if let Some(statement) = lane.perspective.batch_statement(&ev.event_type) {
-                    // Marked started only once the call has run it: if the call fails, which
-                    // statements ran is unknown (their effects rolled back with it), and the
-                    // careful pass marks exactly the events it hands over.
+                    // Marked started just before the call that runs it (below), and unmarked
+                    // if that call fails: the careful pass then marks exactly the events it
+                    // hands over.
                     statements.push(statement, params(ev));
                     batched.push((lane, ev));
                     continue;
@@ -375,6 +384,12 @@ pub(super) async fn apply_fast<S: WorkStore>(
         to_complete.extend(batched.iter().map(|(_, ev)| ev.event_work_id));
         let started = Instant::now();
         let deadline = ctx.apply_timeout + Duration::from_millis(250);
+        // Every batched row is handed to the call: if shutdown abandons the pass while the call
+        // runs, none of them is refunded (the one whose statement was running keeps its
+        // attempt, so a statement slower than the grace is charged across restarts).
+        for (_, ev) in &batched {
+            lease.mark_started(ev.event_work_id);
+        }
         let result = tokio::time::timeout(
             deadline,
             lease.apply_and_complete_in(&mut btx.tx, &mut pass.staged, &statements, &to_complete),
@@ -388,7 +403,6 @@ pub(super) async fn apply_fast<S: WorkStore>(
                 // One histogram handle per run of a perspective, not a lookup per event.
                 let mut histogram: Option<(&str, metrics::Histogram)> = None;
                 for (_, ev) in &batched {
-                    lease.mark_started(ev.event_work_id);
                     match &histogram {
                         Some((name, h)) if *name == ev.perspective_name => h.record(share),
                         _ => {
@@ -406,11 +420,13 @@ pub(super) async fn apply_fast<S: WorkStore>(
             Ok(Err(_)) => {
                 pass.marks.forget(ctx);
                 drop(btx);
+                unmark(lease, &batched);
                 return Ok(None);
             }
             Err(_) => {
                 pass.marks.forget(ctx);
                 btx.abandon(&ctx.store).await;
+                unmark(lease, &batched);
                 return Ok(None);
             }
         }
@@ -418,6 +434,13 @@ pub(super) async fn apply_fast<S: WorkStore>(
     finish(ctx, lease, btx, pass, lanes, completed)
         .await
         .map(Some)
+}
+
+/// The set-wise call failed as a whole: its rows are handed over again by the careful pass.
+fn unmark<S: WorkStore>(lease: &mut LeasedBatch<S>, batched: &[(&Lane, &EventEnvelope)]) {
+    for (_, ev) in batched {
+        lease.unmark_started(ev.event_work_id);
+    }
 }
 
 /// The seven parameters of an event's statement.
@@ -527,7 +550,32 @@ pub(super) async fn apply_careful<S: WorkStore>(
                 return Err(e.into());
             }
             lease.mark_started(ev.event_work_id);
-            let result = timed_apply(ctx, lane.perspective.as_ref(), ev, &mut btx.tx).await;
+            let mut result = timed_apply(ctx, lane.perspective.as_ref(), ev, &mut btx.tx).await;
+            if matches!(&result, Applied::Failed(e) if is_stale_plan(e)) {
+                // The connection's cached statement is stale (DDL changed its result type):
+                // the connection's failure, not the event's. Forget the connection's cached
+                // statements and run the event once more, uncharged.
+                let healed = async {
+                    btx.tx.rollback_to_savepoint().await?;
+                    if let Some(conn) = btx.tx.connection() {
+                        use sqlx::Connection as _;
+                        conn.clear_cached_statements()
+                            .await
+                            .map_err(StoreError::from)?;
+                    }
+                    btx.tx.savepoint().await
+                }
+                .await;
+                if let Err(e) = healed {
+                    pass.marks.forget(ctx);
+                    return Err(e.into());
+                }
+                tracing::info!(
+                    perspective = %ev.perspective_name,
+                    "a cached statement plan went stale after a schema change; the connection's statement cache was cleared and the event is applied again"
+                );
+                result = timed_apply(ctx, lane.perspective.as_ref(), ev, &mut btx.tx).await;
+            }
             let failure = match result {
                 Applied::Done => match btx.tx.release_savepoint().await {
                     Ok(()) => {
