@@ -141,8 +141,11 @@ BEGIN
     v_names := wh_claimable_perspectives(p_perspective_names);
     -- Only a registered instance claims, and it holds its row (KEY SHARE) until the claim
     -- commits, so deregister_instance (which deletes that row first) waits for a claim under way
-    -- and no claim can lease anything for an instance that has deregistered.
-    PERFORM 1 FROM wh_service_instances si WHERE si.instance_id = p_instance_id FOR KEY SHARE;
+    -- and no claim can lease anything for an instance that has deregistered. A row being
+    -- deleted right now (a deregistration, or a cleanup that found this instance silent) is
+    -- skipped, not waited for: such an instance claims nothing until it is registered again.
+    PERFORM 1 FROM wh_service_instances si WHERE si.instance_id = p_instance_id
+    FOR KEY SHARE SKIP LOCKED;
     IF NOT FOUND OR v_names IS NULL THEN
         RETURN;
     END IF;
@@ -445,8 +448,11 @@ BEGIN
     v_names := wh_claimable_perspectives(p_perspective_names);
     -- Only a registered instance claims, and it holds its row (KEY SHARE) until the claim
     -- commits, so deregister_instance (which deletes that row first) waits for a claim under way
-    -- and no claim can lease anything for an instance that has deregistered.
-    PERFORM 1 FROM wh_service_instances si WHERE si.instance_id = p_instance_id FOR KEY SHARE;
+    -- and no claim can lease anything for an instance that has deregistered. A row being
+    -- deleted right now (a deregistration, or a cleanup that found this instance silent) is
+    -- skipped, not waited for: such an instance claims nothing until it is registered again.
+    PERFORM 1 FROM wh_service_instances si WHERE si.instance_id = p_instance_id
+    FOR KEY SHARE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN;
     END IF;

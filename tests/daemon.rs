@@ -759,7 +759,8 @@ async fn a_stuck_handler_is_abandoned_after_the_grace() {
     .await;
     // The handler holds its lane's (exclusive) advisory lock while it sleeps: it has started.
     // (Claims hold shared advisory locks, the rebuild lock, for a moment.)
-    env.wait_until("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted",
+    env.wait_until("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         1,
         Duration::from_secs(30),
     )
