@@ -1879,3 +1879,45 @@ async fn nul_bytes_and_out_of_range_dates_are_bad_requests() {
     assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{body}");
     assert!(body.contains("perspective"), "{body}");
 }
+
+/// Defect 16: no redirect or link echoes unbounded input: a parameter longer than 4 KiB is a
+/// 400 naming it (before: a 1 MB `Location`).
+#[tokio::test]
+async fn overlong_parameters_are_refused_and_never_echoed() {
+    let env = with_dead_letters().await;
+    let console = open_console(&env);
+    let long = "p".repeat(1_000_000);
+    let (response, body) = send(
+        &console,
+        form_post(
+            "/bulk",
+            &[
+                ("action", "requeue"),
+                ("count", "1"),
+                ("digest", "x"),
+                ("perspective", &long),
+            ],
+            &[("sec-fetch-site", "same-origin")],
+        ),
+    )
+    .await;
+    assert_eq!(
+        response.status(),
+        StatusCode::BAD_REQUEST,
+        "{}",
+        &body[..200]
+    );
+    assert!(response.headers().get(header::LOCATION).is_none());
+    assert!(
+        body.contains("perspective is longer than 4 KiB"),
+        "{}",
+        &body[..body.len().min(2000)]
+    );
+    assert!(body.len() < 20_000);
+    let (response, _) = get(
+        &console,
+        &format!("/dead-letters?error={}", "e".repeat(5000)),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+}

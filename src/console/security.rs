@@ -116,12 +116,34 @@ pub async fn reject_cross_site(request: Request, next: Next) -> Response {
     }
 }
 
-/// The first parameter of a query string or form body whose decoded name or value holds a
-/// NUL byte (PostgreSQL text cannot: every query would fail), if any.
-fn nul_parameter(encoded: &[u8]) -> Option<String> {
-    url::form_urlencoded::parse(encoded)
-        .find(|(k, v)| k.contains('\0') || v.contains('\0'))
-        .map(|(k, _)| crate::text::one_line(&k.replace('\0', "\\0")).into_owned())
+/// Longest value of one query or form parameter: 4 KiB. Filters, names and fingerprints are far
+/// shorter; the console echoes parameters into links and redirects (`Location`), which must not
+/// grow with what a client sends.
+pub const MAX_PARAMETER: usize = 4 * 1024;
+
+/// The first parameter of a query string or form body that the console refuses, and why: its
+/// decoded name or value holds a NUL byte (PostgreSQL text cannot: every query would fail), or
+/// it is longer than [`MAX_PARAMETER`].
+fn bad_parameter(encoded: &[u8]) -> Option<String> {
+    url::form_urlencoded::parse(encoded).find_map(|(k, v)| {
+        let name = || {
+            crate::text::one_line(&crate::text::cap_at(&k.replace('\0', "\\0"), 64)).into_owned()
+        };
+        if k.contains('\0') || v.contains('\0') {
+            Some(format!(
+                "{} holds a NUL byte, which no filter can match.",
+                name()
+            ))
+        } else if k.len() > MAX_PARAMETER || v.len() > MAX_PARAMETER {
+            Some(format!(
+                "{} is longer than {} KiB: no filter or name is that long.",
+                name(),
+                MAX_PARAMETER / 1024
+            ))
+        } else {
+            None
+        }
+    })
 }
 
 fn bad_request(message: String) -> Response {
@@ -129,25 +151,30 @@ fn bad_request(message: String) -> Response {
 }
 
 /// The middleware: 400 naming the parameter for a NUL byte in the path, the query or a form
-/// body. The database would refuse such text, and the console would have answered 503 "try
+/// body, and for a parameter longer than [`MAX_PARAMETER`] (so no redirect echoes unbounded
+/// input). The database would refuse such text, and the console would have answered 503 "try
 /// again" for a request no retry can help.
 pub async fn reject_nul(request: Request, next: Next) -> Response {
     // A URI cannot hold a raw NUL: only its percent-encoding, `%00`.
     let path_has_nul = request.uri().path().contains("%00");
+    if request.uri().path().len() > MAX_PARAMETER {
+        return bad_request(format!(
+            "The path is longer than {} KiB: no dead letter, perspective or page is named so.",
+            MAX_PARAMETER / 1024
+        ));
+    }
     if path_has_nul {
         return bad_request(
             "The path holds a NUL byte: no dead letter, perspective or page is named so."
                 .to_owned(),
         );
     }
-    if let Some(name) = request
+    if let Some(why) = request
         .uri()
         .query()
-        .and_then(|q| nul_parameter(q.as_bytes()))
+        .and_then(|q| bad_parameter(q.as_bytes()))
     {
-        return bad_request(format!(
-            "{name} holds a NUL byte, which no filter can match."
-        ));
+        return bad_request(why);
     }
     if request.method() != axum::http::Method::POST {
         return next.run(request).await;
@@ -159,10 +186,8 @@ pub async fn reject_nul(request: Request, next: Next) -> Response {
             return (StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n").into_response()
         }
     };
-    if let Some(name) = nul_parameter(&bytes) {
-        return bad_request(format!(
-            "{name} holds a NUL byte, which no filter can match."
-        ));
+    if let Some(why) = bad_parameter(&bytes) {
+        return bad_request(why);
     }
     next.run(Request::from_parts(parts, bytes.into())).await
 }
