@@ -65,14 +65,14 @@ pub async fn drain(bench: &Bench, seed: &Seed, what: &str) -> Result<DrainRun, B
 pub struct Daemons {
     running: Vec<(RunningDaemon, Store)>,
     started: Instant,
-    before: crate::store::bench::RunCounters,
+    before: measure::Counters,
     metrics_before: measure::MetricsReading,
 }
 
 /// Starts `--instances` daemons for `seed`, after reading the counters the run is measured from.
 pub async fn start(bench: &Bench, seed: &Seed) -> Result<Daemons, BenchError> {
     bench.db.settle_stats(bench.config.settle).await;
-    let before = bench.db.counters(bench.statement_stats).await?;
+    let before = measure::Counters::read(&bench.db, bench.statement_stats).await?;
     let metrics_before = bench.metrics.read();
     measure::reset_peak_rss();
     let mut settings = bench.base_settings.clone();
@@ -169,7 +169,7 @@ pub async fn watch(
     let counters_before = daemons.before;
     stop(daemons).await?;
     bench.db.settle_stats(bench.config.settle).await;
-    let after = bench.db.counters(bench.statement_stats).await?;
+    let after = measure::Counters::read(&bench.db, bench.statement_stats).await?;
     let own = if bench.statement_stats { 2 } else { 1 };
     let check = bench.db.check_drain(&names).await?;
     Ok(DrainRun {

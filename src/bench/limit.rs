@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::measure::PerEvent;
+use super::measure::{self, PerEvent};
 use super::{Bench, BenchError};
 use crate::store::bench::LimitTable;
 
@@ -102,7 +102,7 @@ async fn run(
     let clients =
         crate::store::bench::BenchStore::new(crate::store::Store::connect(&options).await?);
     bench.db.settle_stats(bench.config.settle).await;
-    let before = bench.db.counters(bench.statement_stats).await?;
+    let before = measure::Counters::read(&bench.db, bench.statement_stats).await?;
     let bar = bench.progress.bar(what, expected);
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -149,7 +149,7 @@ async fn run(
     let rows = done.load(Ordering::Relaxed);
     clients.store().close().await;
     bench.db.settle_stats(bench.config.settle).await;
-    let after = bench.db.counters(bench.statement_stats).await?;
+    let after = measure::Counters::read(&bench.db, bench.statement_stats).await?;
     let own = if bench.statement_stats { 2 } else { 1 };
     let mut check = bench.db.check_drain(perspectives).await?;
     if crash_safe == Some(LimitTable::TriggerFree) {

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::store::bench::RunCounters;
+use crate::store::bench::{BenchStore, RunCounters};
+use crate::store::StoreError;
 use crate::telemetry::metrics as m;
 
 /// Percentiles of a set of samples, in milliseconds.
@@ -217,29 +218,118 @@ pub struct PerEvent {
     pub transactions: f64,
     /// WAL bytes per event.
     pub wal_bytes: f64,
+    /// CPU time of the database server per event, microseconds, when the server runs on this
+    /// machine (all its processes: backends, autovacuum, WAL writer).
+    pub server_cpu_us: Option<f64>,
+    /// CPU time of this process per event, microseconds (the daemons the bench runs, or the
+    /// limit's clients, and the harness).
+    pub client_cpu_us: f64,
+}
+
+/// What a run is measured from: the database's counters and the CPU time used so far.
+#[derive(Clone, Copy, Debug)]
+pub struct Counters {
+    /// Transactions, WAL, statements.
+    pub db: RunCounters,
+    /// CPU time of the server so far, milliseconds (see [`server_cpu_ms`]).
+    pub server_cpu_ms: Option<f64>,
+    /// CPU time of this process so far, milliseconds.
+    pub client_cpu_ms: f64,
+}
+
+impl Counters {
+    /// Reads them now.
+    pub async fn read(db: &BenchStore, with_statements: bool) -> Result<Counters, StoreError> {
+        let counters = db.counters(with_statements).await?;
+        Ok(Counters {
+            server_cpu_ms: server_cpu_ms(counters.backend_pid),
+            client_cpu_ms: process_cpu_ms(),
+            db: counters,
+        })
+    }
 }
 
 impl PerEvent {
     /// From counters read before and after a run of `events` events; `own_transactions` is the
     /// number of transactions the harness itself ran in between (its progress reads).
     pub fn between(
-        before: &RunCounters,
-        after: &RunCounters,
+        before: &Counters,
+        after: &Counters,
         events: u64,
         own_transactions: i64,
     ) -> PerEvent {
         let n = events.max(1) as f64;
+        let (b, a) = (&before.db, &after.db);
         PerEvent {
-            round_trips: match (before.statements, after.statements) {
+            round_trips: match (b.statements, a.statements) {
                 (Some(b), Some(a)) => Some((a - b) as f64 / n),
                 _ => None,
             },
-            transactions: (after.transactions - before.transactions - own_transactions).max(0)
-                as f64
-                / n,
-            wal_bytes: (after.wal_bytes - before.wal_bytes) as f64 / n,
+            transactions: (a.transactions - b.transactions - own_transactions).max(0) as f64 / n,
+            wal_bytes: (a.wal_bytes - b.wal_bytes) as f64 / n,
+            server_cpu_us: match (before.server_cpu_ms, after.server_cpu_ms) {
+                (Some(b), Some(a)) => Some((a - b).max(0.0) * 1e3 / n),
+                _ => None,
+            },
+            client_cpu_us: (after.client_cpu_ms - before.client_cpu_ms).max(0.0) * 1e3 / n,
         }
     }
+}
+
+/// CPU time (user + system) of this process so far, milliseconds.
+pub fn process_cpu_ms() -> f64 {
+    // SAFETY: getrusage writes into the struct we pass and reads nothing else.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0.0;
+    }
+    let ms = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
+    ms(usage.ru_utime) + ms(usage.ru_stime)
+}
+
+/// CPU time used so far by the PostgreSQL server that `backend_pid` belongs to, milliseconds:
+/// its postmaster's own and reaped children's time plus that of its live children, read from
+/// `/proc`. `None` when the server is not on this machine (or not visible to us). Wall-clock
+/// rates on a shared machine wander with its other load; CPU time per row much less so.
+pub fn server_cpu_ms(backend_pid: i32) -> Option<f64> {
+    // (pid, ppid, utime + stime, cutime + cstime), in clock ticks
+    fn stat(pid: &str) -> Option<(i64, i64, i64, i64)> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The command name is in parentheses and may hold spaces: fields start after the last.
+        let rest = &text[text.rfind(')')? + 1..];
+        let f: Vec<i64> = rest
+            .split_whitespace()
+            .skip(1)
+            .map(|v| v.parse().unwrap_or(0))
+            .collect();
+        // after the state: ppid is field 0 here, utime 10, stime 11, cutime 12, cstime 13
+        Some((
+            pid.parse().ok()?,
+            *f.first()?,
+            f.get(10)? + f.get(11)?,
+            f.get(12)? + f.get(13)?,
+        ))
+    }
+    let (_, postmaster, _, _) = stat(&backend_pid.to_string())?;
+    let (_, _, own, reaped) = stat(&postmaster.to_string())?;
+    let mut ticks = own + reaped;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        if let Some((_, ppid, time, _)) = stat(pid) {
+            if ppid == postmaster {
+                ticks += time;
+            }
+        }
+    }
+    // SAFETY: sysconf only reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some(ticks as f64 * 1e3 / hz)
 }
 
 /// Resident memory of this process, KiB: (current VmRSS, peak VmHWM).

@@ -104,13 +104,22 @@ impl fmt::Display for Report {
         let mut table = String::new();
         writeln!(
             table,
-            "{:<26} {:>9} {:>8} {:>10} {:>7} {:>9} {:>9} {:>10}",
-            "run", "rows", "seconds", "rows/s", "/limit", "rt/row", "tx/row", "WAL B/row"
+            "{:<26} {:>9} {:>8} {:>10} {:>7} {:>9} {:>9} {:>10} {:>10} {:>10}",
+            "run",
+            "rows",
+            "seconds",
+            "rows/s",
+            "/limit",
+            "rt/row",
+            "tx/row",
+            "WAL B/row",
+            "srv µs/row",
+            "cli µs/row"
         )?;
         let mut line = |what: &str, rows: u64, secs: f64, rate: f64, p: &PerEvent| {
             let _ = writeln!(
                 table,
-                "{:<26} {:>9} {:>8.2} {:>10.0} {:>7.2} {:>9} {:>9.3} {:>10.0}",
+                "{:<26} {:>9} {:>8.2} {:>10.0} {:>7.2} {:>9} {:>9.3} {:>10.0} {:>10} {:>10.1}",
                 what,
                 rows,
                 secs,
@@ -118,7 +127,11 @@ impl fmt::Display for Report {
                 if limit > 0.0 { rate / limit } else { 0.0 },
                 round_trips(p),
                 p.transactions,
-                p.wal_bytes
+                p.wal_bytes,
+                p.server_cpu_us
+                    .map(|c| format!("{c:.1}"))
+                    .unwrap_or_else(|| "n/a".into()),
+                p.client_cpu_us
             );
         };
         if let Some(v) = &self.vantage {

@@ -84,7 +84,8 @@ ALTER SEQUENCE bench_applied_seq RESTART";
 const COUNTERS: &str = "
 /* vantage-bench */ SELECT
     (SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database())::bigint,
-    pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint";
+    pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint,
+    pg_backend_pid()";
 
 /// Statements executed by anyone but the harness (pg_stat_statements, top level).
 const STATEMENT_CALLS: &str = "
@@ -222,6 +223,9 @@ pub struct RunCounters {
     /// Top-level statements executed by others than the harness (`pg_stat_statements`), when
     /// the extension is loaded.
     pub statements: Option<i64>,
+    /// The process id of the server backend that read these (to find the server's processes
+    /// when it runs on this machine).
+    pub backend_pid: i32,
 }
 
 /// Latency percentiles from the read model, milliseconds.
@@ -443,6 +447,7 @@ impl BenchStore {
             transactions: row.get(0),
             wal_bytes: row.get(1),
             statements,
+            backend_pid: row.get(2),
         })
     }
 
@@ -599,6 +604,26 @@ impl BenchStore {
         )
         .bind(perspective)
         .fetch_one(self.pool())
+        .await?)
+    }
+
+    /// Dead-letters every queued row of `perspective` (unleased or not: the bench's operator
+    /// phase runs with no daemon) in one move, and returns the dead letters' ids, for a bulk
+    /// requeue to hand back.
+    pub async fn dead_letter_queued(&self, perspective: &str) -> Result<Vec<Uuid>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "/* vantage-bench */ SELECT m.dead_letter_id
+             FROM (SELECT array_agg(pe.event_work_id) AS ids
+                   FROM wh_perspective_events pe WHERE pe.perspective_name = $1) q
+             CROSS JOIN LATERAL wh_move_to_dead_letters(
+                 NULL, q.ids, array_fill(NULL::uuid, ARRAY[cardinality(q.ids)]),
+                 'PermanentFailure',
+                 array_fill('dead-lettered by the bench'::text, ARRAY[cardinality(q.ids)])) m
+             WHERE q.ids IS NOT NULL
+             ORDER BY m.dead_letter_id",
+        )
+        .bind(perspective)
+        .fetch_all(self.pool())
         .await?)
     }
 
