@@ -1,5 +1,12 @@
 //! A consumer loop: drain while there is work, then wait for a notification, the poll tick, or
 //! shutdown. A database error never ends the loop: it backs off and tries again.
+//!
+//! A claim that found nothing is not repeated at the rate notifications arrive: producers
+//! appending behind parked or leased heads notify on every commit, and claiming again for each
+//! of them would spend the machine's CPU (the producers' too) on claims that cannot succeed.
+//! After an empty claim a notification is acted on no sooner than [`EMPTY_CLAIM_COOLDOWN`]
+//! after that claim began (River's fetch cooldown); a claim that found work claims again at
+//! once.
 
 use std::time::Duration;
 
@@ -7,6 +14,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::pipeline::Pipeline;
+
+/// The least time between an empty claim and the next one a notification triggers.
+pub const EMPTY_CLAIM_COOLDOWN: Duration = Duration::from_millis(25);
 
 /// Runs one consumer loop until `shutdown`. A batch in progress is finished before it returns.
 pub async fn run(
@@ -25,6 +35,7 @@ pub async fn run(
         }
         // Seen before claiming: a notification from now on wakes the wait below at once.
         wake.borrow_and_update();
+        let claimed_at = tokio::time::Instant::now();
         match pipeline.drain_once_unless(&shutdown).await {
             Ok(outcome) if outcome.claimed > 0 => {
                 backoff = Duration::from_millis(100);
@@ -36,7 +47,12 @@ pub async fn run(
                 backoff = Duration::from_millis(100);
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
-                    _ = wake.changed() => {}
+                    _ = wake.changed() => {
+                        tokio::select! {
+                            _ = shutdown.cancelled() => break,
+                            _ = tokio::time::sleep_until(claimed_at + EMPTY_CLAIM_COOLDOWN) => {}
+                        }
+                    }
                     _ = tokio::time::sleep(poll_interval) => {}
                 }
             }
