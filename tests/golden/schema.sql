@@ -386,6 +386,11 @@ DECLARE
     v_u_gp       bigint[];
     v_u_attempts int[];
     v_u_failures int[];
+    v_u_s        uuid[];
+    v_u_p        text[];
+    v_u_v        int[];
+    v_l_s        uuid[];
+    v_l_p        text[];
     v_gap        uuid[];
     v_lock_timeout text;
     v_take       uuid[];
@@ -395,10 +400,9 @@ DECLARE
     v_all_gp     bigint[] := '{}';
     v_all_attempts int[] := '{}';
     v_all_failures int[] := '{}';
-    v_all_c_id   uuid[] := '{}';
-    v_all_c_s    uuid[] := '{}';
-    v_all_c_p    text[] := '{}';
-    v_all_c_v    int[] := '{}';
+    v_all_s      uuid[] := '{}';
+    v_all_p      text[] := '{}';
+    v_all_v      int[] := '{}';
     v_rounds     int := 0;
     v_pass       int;
 BEGIN
@@ -522,10 +526,12 @@ BEGIN
                                              WHERE si.instance_id = pe.instance_id)
                           END
                     RETURNING pe.event_work_id, pe.event_id, pe.global_position, pe.attempts,
-                              pe.failures)
+                              pe.failures, pe.stream_id, pe.perspective_name, pe.stream_version)
                 SELECT array_agg(l.event_work_id), array_agg(l.event_id),
-                       array_agg(l.global_position), array_agg(l.attempts), array_agg(l.failures)
-                INTO v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures
+                       array_agg(l.global_position), array_agg(l.attempts), array_agg(l.failures),
+                       array_agg(l.stream_id), array_agg(l.perspective_name),
+                       array_agg(l.stream_version)
+                INTO v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures, v_u_s, v_u_p, v_u_v
                 FROM leased l;
             EXCEPTION WHEN lock_not_available THEN
                 WITH locked AS (
@@ -551,10 +557,12 @@ BEGIN
                     FROM locked
                     WHERE pe.event_work_id = locked.event_work_id
                     RETURNING pe.event_work_id, pe.event_id, pe.global_position, pe.attempts,
-                              pe.failures)
+                              pe.failures, pe.stream_id, pe.perspective_name, pe.stream_version)
                 SELECT array_agg(l.event_work_id), array_agg(l.event_id),
-                       array_agg(l.global_position), array_agg(l.attempts), array_agg(l.failures)
-                INTO v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures
+                       array_agg(l.global_position), array_agg(l.attempts), array_agg(l.failures),
+                       array_agg(l.stream_id), array_agg(l.perspective_name),
+                       array_agg(l.stream_version)
+                INTO v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures, v_u_s, v_u_p, v_u_v
                 FROM leased l;
             END;
             PERFORM set_config('lock_timeout', v_lock_timeout, true);
@@ -581,28 +589,31 @@ BEGIN
                         refundable   = false
                     WHERE pe.event_work_id = ANY (v_gap);
                     SELECT array_agg(u.id), array_agg(u.ev), array_agg(u.gp), array_agg(u.att),
-                           array_agg(u.fail)
-                    INTO v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures
-                    FROM unnest(v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures)
-                         AS u(id, ev, gp, att, fail)
+                           array_agg(u.fail), array_agg(u.sid), array_agg(u.pname), array_agg(u.v)
+                    INTO v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures, v_u_s, v_u_p, v_u_v
+                    FROM unnest(v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures, v_u_s,
+                                v_u_p, v_u_v)
+                         AS u(id, ev, gp, att, fail, sid, pname, v)
                     WHERE NOT u.id = ANY (v_gap);
                 END IF;
             END IF;
         END IF;
         v_take := v_u_id;
         v_taken := coalesce(cardinality(v_take), 0);
-        IF v_c_id IS NOT NULL THEN
-            v_all_c_id := v_all_c_id || v_c_id;
-            v_all_c_s := v_all_c_s || v_c_s;
-            v_all_c_p := v_all_c_p || v_c_p;
-            v_all_c_v := v_all_c_v || v_c_v;
-        END IF;
+        v_l_s := '{}';
+        v_l_p := '{}';
         IF v_taken > 0 THEN
             v_all := v_all || v_u_id;
             v_all_event := v_all_event || v_u_event;
             v_all_gp := v_all_gp || v_u_gp;
             v_all_attempts := v_all_attempts || v_u_attempts;
             v_all_failures := v_all_failures || v_u_failures;
+            v_all_s := v_all_s || v_u_s;
+            v_all_p := v_all_p || v_u_p;
+            v_all_v := v_all_v || v_u_v;
+            -- The lanes we leased from, once (steps 5 and 6 join on them).
+            SELECT array_agg(l.sid), array_agg(l.pname) INTO v_l_s, v_l_p
+            FROM (SELECT DISTINCT u.sid, u.pname FROM unnest(v_u_s, v_u_p) AS u(sid, pname)) l;
         END IF;
 
         -- 5. The lanes' hints. A lane we leased from is due when our lease expires; any other
@@ -611,20 +622,18 @@ BEGIN
         --    lane goes. These statements started after we took the lanes' locks (L1, L2); the
         --    holders named are locked FOR KEY SHARE first, so a cleanup removing one waits for
         --    this claim and then wakes the lane (one being removed right now counts as gone).
+        -- (lanes we leased from are due at our own expiry: no holder to look up)
         SELECT array_agg(DISTINCT h.instance_id) INTO v_holders
-        FROM unnest(v_round_s, v_round_p) AS k(sid, pname)
+        FROM (SELECT k.sid, k.pname FROM unnest(v_round_s, v_round_p) AS k(sid, pname)
+              EXCEPT
+              SELECT l.sid, l.pname FROM unnest(v_l_s, v_l_p) AS l(sid, pname)) k
         CROSS JOIN LATERAL (
             SELECT pe.instance_id
             FROM wh_perspective_events pe
             WHERE pe.perspective_name = k.pname AND pe.stream_id = k.sid
             ORDER BY pe.stream_version
             LIMIT 1) h
-        WHERE h.instance_id IS NOT NULL AND h.instance_id <> p_instance_id
-          -- (lanes we leased from are due at our own expiry: no holder to look up)
-          AND NOT EXISTS (SELECT 1
-                          FROM unnest(v_c_id, v_c_s, v_c_p) AS c(id, sid, pname)
-                          WHERE c.sid = k.sid AND c.pname = k.pname
-                            AND c.id = ANY (coalesce(v_take, '{}')));
+        WHERE h.instance_id IS NOT NULL AND h.instance_id <> p_instance_id;
         v_alive := '{}';
         IF v_holders IS NOT NULL THEN
             SELECT coalesce(array_agg(a.instance_id), '{}') INTO v_alive
@@ -636,9 +645,7 @@ BEGIN
         END IF;
 
         WITH leased AS (
-            SELECT DISTINCT c.sid, c.pname
-            FROM unnest(v_c_id, v_c_s, v_c_p) AS c(id, sid, pname)
-            JOIN unnest(v_take) AS t(id) ON t.id = c.id),
+            SELECT l.sid, l.pname FROM unnest(v_l_s, v_l_p) AS l(sid, pname)),
         round AS (
             SELECT k.sid, k.pname, (t.sid IS NOT NULL) AS leased
             FROM unnest(v_round_s, v_round_p) AS k(sid, pname)
@@ -682,21 +689,20 @@ BEGIN
         RETURN;
     END IF;
 
-    -- 6. The rows leased, with their raw events (what the lease returned plus the candidates'
-    --    lanes; no second read of the work rows).
+    -- 6. The rows leased, with their raw events (what the lease returned; no second read of
+    --    the work rows).
     RETURN QUERY
-    SELECT r.id, c.sid, r.ev, c.pname, r.gp, c.v, e.event_type, e.event_data, e.metadata,
+    SELECT r.id, r.sid, r.ev, r.pname, r.gp, r.v, e.event_type, e.event_data, e.metadata,
            r.att, r.fail
-    FROM unnest(v_all, v_all_event, v_all_gp, v_all_attempts, v_all_failures)
-         AS r(id, ev, gp, att, fail)
-    JOIN unnest(v_all_c_id, v_all_c_s, v_all_c_p, v_all_c_v) AS c(id, sid, pname, v)
-      ON c.id = r.id
+    FROM unnest(v_all, v_all_event, v_all_gp, v_all_attempts, v_all_failures, v_all_s, v_all_p,
+                v_all_v)
+         AS r(id, ev, gp, att, fail, sid, pname, v)
     -- (the events in one index scan by the positions, not one scan per row)
     LEFT JOIN (SELECT e.global_position, e.event_id, e.event_type, e.event_data, e.metadata
                FROM wh_event_store e
                WHERE e.global_position = ANY (v_all_gp)) e
       ON e.global_position = r.gp AND e.event_id = r.ev
-    ORDER BY c.sid, c.pname, c.v;
+    ORDER BY r.sid, r.pname, r.v;
 END
 $function$
 ;
