@@ -1921,3 +1921,95 @@ async fn overlong_parameters_are_refused_and_never_echoed() {
     .await;
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
 }
+
+/// How many lock requests on `wh_dead_letters` in `mode` wait (are not granted).
+async fn dead_letter_lock_waiters(env: &Env, mode: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks \
+         WHERE relation = 'wh_dead_letters'::regclass AND mode = $1 AND NOT granted",
+    )
+    .bind(mode)
+    .fetch_one(env.store.pool())
+    .await
+    .unwrap()
+}
+
+/// Waits (polling the lock table, up to 20 s) until `n` requests in `mode` wait.
+async fn until_lock_waiters(env: &Env, mode: &str, n: i64) {
+    let started = std::time::Instant::now();
+    while dead_letter_lock_waiters(env, mode).await < n {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "no {mode} request on wh_dead_letters is waiting"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// Item 14: the count and the set a bulk confirmation compares with its preview come from one
+/// snapshot, so a refusal never gives a reason that was true of neither. Made deterministic
+/// with table locks: the confirmation's first read waits behind a lock the test holds, a second
+/// lock request (the "other operator") queues behind that read, and gets the table the moment
+/// the read is done: it purges one of the two letters before anything else of the confirmation
+/// can read. Before: the count (2) was read before the purge and the set (1 letter) after it,
+/// and the refusal said "2 match, as before, but not the same ones" — neither then nor now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_confirmation_reads_its_count_and_its_set_in_one_snapshot() {
+    let env = with_dead_letters().await;
+    let console = open_console(&env);
+    let preview = ok(get(&console, "/bulk?action=requeue&perspective=audit").await);
+    let fields = confirmation(&preview, &[("perspective", "audit")]);
+    assert_eq!(fields[1].1, "2");
+    let audit_1: uuid::Uuid = open_id(&env, "audit", 1).await.parse().unwrap();
+
+    // The test holds the table; the confirmation's first read waits for it.
+    let mut holder = env.store.pool().begin().await.unwrap();
+    sqlx::query("LOCK TABLE wh_dead_letters IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let confirming = {
+        let console = console.clone();
+        tokio::spawn(async move { confirm(&console, &fields).await })
+    };
+    until_lock_waiters(&env, "AccessShareLock", 1).await;
+    // The other operator queues behind that read.
+    let other = {
+        let pool = env.store.pool().clone();
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.unwrap();
+            sqlx::query("LOCK TABLE wh_dead_letters IN ACCESS EXCLUSIVE MODE")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let purged: bool = sqlx::query_scalar("SELECT purge_dead_letter($1, 'someone else')")
+                .bind(audit_1)
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+            purged
+        })
+    };
+    until_lock_waiters(&env, "AccessExclusiveLock", 1).await;
+    holder.commit().await.unwrap();
+    assert!(other.await.unwrap(), "the other operator purged audit 1");
+    let response = confirming.await.unwrap();
+    let page = ok(follow(&console, &response).await);
+
+    assert!(
+        !page.contains("as before, but not the same ones"),
+        "the reason was true of no moment: {page}"
+    );
+    // The snapshot was the preview's set: the action ran, and says the purged one was skipped.
+    assert!(
+        page.contains("Requeued 1 of 2 dead-lettered event(s)."),
+        "{page}"
+    );
+    assert!(
+        page.contains("1 of 2 dead-lettered event(s) were no longer dead-lettered"),
+        "{page}"
+    );
+    assert_eq!(env.status_of("audit", 1).await, "purged");
+    assert_eq!(env.status_of("audit", 4).await, "requeued");
+}
