@@ -56,6 +56,23 @@ pub fn lines(text: &str) -> Cow<'_, str> {
     escape(text, true)
 }
 
+/// How a view that keeps line feeds (and tabs) shows `c`: `None` when `c` may be shown as it
+/// is, otherwise its escape as [`lines`] writes it (`\r`, `\u{202e}`). For views that mark
+/// escapes up themselves (the console's HTML).
+pub fn escaped_char(c: char) -> Option<String> {
+    if !is_hazard(c, true) {
+        return None;
+    }
+    let mut out = String::new();
+    match c {
+        '\r' => out.push_str("\\r"),
+        c => {
+            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+        }
+    }
+    Some(out)
+}
+
 /// The first [`MAX_TEXT`] bytes of `text` (cut on a character boundary) and
 /// `… (N bytes more)`; `text` itself when it is short enough.
 pub fn cap(text: &str) -> Cow<'_, str> {
@@ -95,6 +112,10 @@ mod tests {
         assert_eq!(one_line("\u{9b}31m"), "\\u{9b}31m");
         assert_eq!(one_line("tab\there"), "tab\there");
         assert_eq!(one_line("ünïcødé ✓"), "ünïcødé ✓");
+        assert_eq!(escaped_char('\u{202e}').as_deref(), Some("\\u{202e}"));
+        assert_eq!(escaped_char('\r').as_deref(), Some("\\r"));
+        assert_eq!(escaped_char('\n'), None);
+        assert_eq!(escaped_char('é'), None);
     }
 
     #[test]

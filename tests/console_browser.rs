@@ -535,3 +535,54 @@ async fn screenshots() {
     })
     .await;
 }
+
+/// Item 17: an event type with a right-to-left override (and an error text with zero-width
+/// characters) reads as what it is, escaped and marked, not as another name.
+#[tokio::test]
+async fn bidi_and_zero_width_characters_show_escaped_in_the_browser() {
+    let env = seeded().await;
+    let appended = env
+        .append(
+            uuid::Uuid::new_v4(),
+            &[(
+                "Order\u{202e}dekcalP",
+                serde_json::json!({"note": "a\u{200b}b"}),
+            )],
+        )
+        .await;
+    let n = appended[0].global_position;
+    env.dead_letter_with_error(
+        "audit",
+        n,
+        "MaxAttemptsExceeded",
+        "bad \u{2066}value\u{2069}",
+    )
+    .await;
+    let served = serve(&env).await;
+    let base = served.url("");
+    with_browser(|b| async move {
+        b.goto(&format!("{base}/dead-letters?perspective=audit"))
+            .await;
+        let text = b.text().await;
+        assert!(text.contains("Order\\u{202e}dekcalP"), "{text}");
+        assert!(!text.contains('\u{202e}'), "{text}");
+        assert!(b.has("td span.esc[title='U+202E']").await);
+        b.click(&format!("a[href='/dead-letters/{n}/audit']")).await;
+        let text = b.text().await;
+        for shown in [
+            "Order\\u{202e}dekcalP",
+            "bad \\u{2066}value\\u{2069}",
+            "a\\u{200b}b",
+        ] {
+            assert!(text.contains(shown), "{shown}: {text}");
+        }
+        assert!(
+            !text
+                .chars()
+                .any(|c| matches!(c, '\u{200b}' | '\u{202e}' | '\u{2066}' | '\u{2069}')),
+            "{text}"
+        );
+        assert_no_csp_violations(&b).await;
+    })
+    .await;
+}

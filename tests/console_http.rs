@@ -2013,3 +2013,105 @@ async fn a_bulk_confirmation_reads_its_count_and_its_set_in_one_snapshot() {
     assert_eq!(env.status_of("audit", 1).await, "purged");
     assert_eq!(env.status_of("audit", 4).await, "requeued");
 }
+
+/// The characters a console page must never contain as they are (item 17): they make one name
+/// render as another (bidi overrides, embeddings and isolates; zero-width characters; the
+/// byte-order mark) or are invisible controls.
+fn is_disguise(c: char) -> bool {
+    matches!(c,
+        '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}'
+        | '\u{2066}'..='\u{2069}' | '\u{FEFF}' | '\u{061C}')
+        || (c.is_control() && c != '\n' && c != '\t')
+}
+
+#[track_caller]
+fn assert_no_disguise(page: &str, what: &str) {
+    let found: Vec<String> = page
+        .chars()
+        .filter(|c| is_disguise(*c))
+        .map(|c| format!("U+{:04X}", u32::from(c)))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "{what} renders {found:?} as they are: {page}"
+    );
+}
+
+/// Item 17, the console half: bidi overrides, zero-width characters and controls from
+/// producers (event type, error text, payload) are shown escaped, visibly marked, on every page
+/// (as `\u{202e}`, the CLI's spelling); in an attribute they stay the character itself (as a
+/// reference), so a form that repeats a filter still selects the same dead letters.
+#[tokio::test]
+async fn bidi_and_zero_width_characters_are_shown_escaped_on_every_page() {
+    let env = seeded().await;
+    let disguised = "Order\u{202e}dekcalP";
+    let appended = env
+        .append(
+            STREAM_A,
+            &[(
+                disguised,
+                json!({ "note": "a\u{2066}b\u{feff}c\u{200b}d", "bell": "\u{7}" }),
+            )],
+        )
+        .await;
+    let n = appended[0].global_position;
+    env.dead_letter_with_error(
+        "audit",
+        n,
+        "MaxAttemptsExceeded",
+        "invalid input: \"x\u{200d}y\u{2069}\" (SQLSTATE 22P02)",
+    )
+    .await;
+    let console = open_console(&env);
+    let escaped_type = "Order<span class=\"esc\" title=\"U+202E\">\\u{202e}</span>dekcalP";
+
+    let filter: String = url::form_urlencoded::byte_serialize(disguised.as_bytes()).collect();
+    for uri in [
+        "/".to_owned(),
+        "/dead-letters".to_owned(),
+        format!("/dead-letters?event_type={filter}"),
+        format!("/dead-letters/{n}/audit"),
+        "/groups".to_owned(),
+        format!("/bulk?action=requeue&event_type={filter}"),
+    ] {
+        let page = ok(get(&console, &uri).await);
+        assert_no_disguise(&page, &uri);
+        if uri != "/" {
+            assert!(page.contains(escaped_type), "{uri}: {page}");
+        }
+    }
+    let detail = ok(get(&console, &format!("/dead-letters/{n}/audit")).await);
+    // (The payload's BEL is JSON's to escape: `\u0007`.)
+    for shown in [
+        "\\u{2066}",
+        "\\u{feff}",
+        "\\u{200b}",
+        "\\u{200d}",
+        "\\u{2069}",
+        "\\u0007",
+    ] {
+        assert!(detail.contains(shown), "{shown}: {detail}");
+    }
+
+    // The bulk form repeats the filter with the character itself: the confirmation selects the
+    // same dead letter and acts on it.
+    let preview = ok(get(
+        &console,
+        &format!("/bulk?action=requeue&event_type={filter}"),
+    )
+    .await);
+    assert!(
+        preview.contains("name=\"event_type\" value=\"Order&#x202e;dekcalP\""),
+        "{preview}"
+    );
+    let mut fields = confirmation(&preview, &[]);
+    fields.push(("event_type".to_owned(), disguised.to_owned()));
+    let response = confirm(&console, &fields).await;
+    let page = ok(follow(&console, &response).await);
+    assert_no_disguise(&page, "the list after the bulk requeue");
+    assert!(
+        page.contains("Requeued 1 of 1 dead-lettered event(s)."),
+        "{page}"
+    );
+    assert_eq!(env.status_of("audit", n).await, "requeued");
+}
