@@ -502,7 +502,8 @@ async fn triage_groups_blocked_lanes_and_the_replay_preview() {
     .await;
 }
 
-/// Writes docs/console-*.png: the four pages at the harness's window size.
+/// Writes docs/console-*.png: every page at the harness's window size, the replay preview as
+/// an operator reaches it (its button on the detail page).
 #[tokio::test]
 #[ignore = "run by hand to refresh the README's screenshots"]
 async fn screenshots() {
@@ -523,14 +524,18 @@ async fn screenshots() {
             ),
             ("/groups", "console-groups.png"),
             ("/blocked", "console-blocked.png"),
-            (
-                "/dead-letters/2/order_summary?preview=replay",
-                "console-replay-preview.png",
-            ),
         ] {
             b.goto(&format!("{base}{path}")).await;
             b.screenshot(&docs.join(file)).await;
         }
+        // The replay preview is an action (a same-origin POST that runs the statement, rolled
+        // back), not a GET: the detail page's button.
+        b.goto(&format!("{base}/dead-letters/2/order_summary"))
+            .await;
+        b.click("button[name=preview][value=replay]").await;
+        let text = b.text().await;
+        assert!(text.contains("What a replay would change"), "{text}");
+        b.screenshot(&docs.join("console-replay-preview.png")).await;
         assert_no_csp_violations(&b).await;
     })
     .await;
