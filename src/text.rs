@@ -79,6 +79,24 @@ pub fn cap(text: &str) -> Cow<'_, str> {
     cap_at(text, MAX_TEXT)
 }
 
+/// [`cap`] of a text of which only a prefix was read — at least its first [`MAX_TEXT`]
+/// characters, or all of it — and whose whole length is `total` bytes: the same as [`cap`] of
+/// the whole text, for a text the database cut before sending it.
+pub fn cap_read(prefix: &str, total: usize) -> Cow<'_, str> {
+    if total <= MAX_TEXT || prefix.len() <= MAX_TEXT {
+        return Cow::Borrowed(prefix);
+    }
+    let mut end = MAX_TEXT;
+    while !prefix.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!(
+        "{}… ({} bytes more)",
+        &prefix[..end],
+        total.saturating_sub(end)
+    ))
+}
+
 /// [`cap`] at `max` bytes.
 pub fn cap_at(text: &str, max: usize) -> Cow<'_, str> {
     if text.len() <= max {
@@ -125,5 +143,9 @@ mod tests {
         assert_eq!(cap_at("ääää", 3), "ä… (6 bytes more)");
         let big = "x".repeat(MAX_TEXT + 10);
         assert_eq!(cap(&big).len(), MAX_TEXT + "… (10 bytes more)".len());
+        let wide = "é".repeat(MAX_TEXT);
+        let prefix: String = wide.chars().take(MAX_TEXT).collect();
+        assert_eq!(cap_read(&prefix, wide.len()), cap(&wide));
+        assert_eq!(cap_read("short", 5), "short");
     }
 }
