@@ -56,10 +56,45 @@ pub fn lines(text: &str) -> Cow<'_, str> {
     escape(text, true)
 }
 
+/// How a view that keeps line feeds (and tabs) shows `c`: `None` when `c` may be shown as it
+/// is, otherwise its escape as [`lines`] writes it (`\r`, `\u{202e}`). For views that mark
+/// escapes up themselves (the console's HTML).
+pub fn escaped_char(c: char) -> Option<String> {
+    if !is_hazard(c, true) {
+        return None;
+    }
+    let mut out = String::new();
+    match c {
+        '\r' => out.push_str("\\r"),
+        c => {
+            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+        }
+    }
+    Some(out)
+}
+
 /// The first [`MAX_TEXT`] bytes of `text` (cut on a character boundary) and
 /// `… (N bytes more)`; `text` itself when it is short enough.
 pub fn cap(text: &str) -> Cow<'_, str> {
     cap_at(text, MAX_TEXT)
+}
+
+/// [`cap`] of a text of which only a prefix was read — at least its first [`MAX_TEXT`]
+/// characters, or all of it — and whose whole length is `total` bytes: the same as [`cap`] of
+/// the whole text, for a text the database cut before sending it.
+pub fn cap_read(prefix: &str, total: usize) -> Cow<'_, str> {
+    if total <= MAX_TEXT || prefix.len() <= MAX_TEXT {
+        return Cow::Borrowed(prefix);
+    }
+    let mut end = MAX_TEXT;
+    while !prefix.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!(
+        "{}… ({} bytes more)",
+        &prefix[..end],
+        total.saturating_sub(end)
+    ))
 }
 
 /// [`cap`] at `max` bytes.
@@ -95,6 +130,10 @@ mod tests {
         assert_eq!(one_line("\u{9b}31m"), "\\u{9b}31m");
         assert_eq!(one_line("tab\there"), "tab\there");
         assert_eq!(one_line("ünïcødé ✓"), "ünïcødé ✓");
+        assert_eq!(escaped_char('\u{202e}').as_deref(), Some("\\u{202e}"));
+        assert_eq!(escaped_char('\r').as_deref(), Some("\\r"));
+        assert_eq!(escaped_char('\n'), None);
+        assert_eq!(escaped_char('é'), None);
     }
 
     #[test]
@@ -104,5 +143,9 @@ mod tests {
         assert_eq!(cap_at("ääää", 3), "ä… (6 bytes more)");
         let big = "x".repeat(MAX_TEXT + 10);
         assert_eq!(cap(&big).len(), MAX_TEXT + "… (10 bytes more)".len());
+        let wide = "é".repeat(MAX_TEXT);
+        let prefix: String = wide.chars().take(MAX_TEXT).collect();
+        assert_eq!(cap_read(&prefix, wide.len()), cap(&wide));
+        assert_eq!(cap_read("short", 5), "short");
     }
 }

@@ -388,3 +388,88 @@ async fn a_unix_socket_url_is_accepted_and_connects() {
     .await;
     assert_eq!(schemas, 1, "migrate through the socket created the schema");
 }
+
+/// Item 15 (issue 19): one rule for the same invalid configuration from every operator command
+/// — a file that is not TOML, and one with a value of the wrong type: 78 (EX_CONFIG, SPEC §5),
+/// except the `vantage dlq` commands, whose exit codes SPEC §4.2 fixes (bad configuration is 2).
+/// Each says `invalid configuration: ` once, names the file, prints nothing on stdout (under
+/// `--json`, the envelope), and connects to nothing.
+#[tokio::test]
+async fn the_same_invalid_configuration_exits_by_one_rule_from_every_operator_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("vantage.toml");
+    let commands: &[(&[&str], i32)] = &[
+        (&["config", "check"], EXIT_CONFIG),
+        (&["run"], EXIT_CONFIG),
+        (&["migrate"], EXIT_CONFIG),
+        (&["status"], EXIT_CONFIG),
+        (&["status", "--json"], EXIT_CONFIG),
+        (&["status", "--blocked"], EXIT_CONFIG),
+        (&["perspectives", "list"], EXIT_CONFIG),
+        (&["perspectives", "rebuild", "p", "--yes"], EXIT_CONFIG),
+        (&["perspectives", "pause", "p"], EXIT_CONFIG),
+        (&["perspectives", "resume", "p"], EXIT_CONFIG),
+        (&["append"], EXIT_CONFIG),
+        (&["console"], EXIT_CONFIG),
+        (&["dlq", "list"], EXIT_USAGE),
+        (&["dlq", "list", "--json"], EXIT_USAGE),
+        (&["dlq", "groups"], EXIT_USAGE),
+        (&["dlq", "inspect", "1"], EXIT_USAGE),
+        (&["dlq", "replay", "1", "--yes"], EXIT_USAGE),
+        (&["dlq", "replay", "1", "--dry-run"], EXIT_USAGE),
+        (&["dlq", "purge", "1", "--yes"], EXIT_USAGE),
+        (&["dlq", "requeue", "1", "--yes"], EXIT_USAGE),
+        (&["dlq", "requeue", "--all", "--yes", "--json"], EXIT_USAGE),
+    ];
+    // A database nobody listens on: a command that got past the configuration would say so.
+    let url = "postgres://u@127.0.0.1:1/nowhere";
+    for (what, text, want) in [
+        (
+            "not TOML",
+            format!("[database\nurl = \"{url}\"\n"),
+            "is not valid TOML",
+        ),
+        (
+            "a value of the wrong type",
+            format!("[database]\nurl = \"{url}\"\n[worker]\nconsumers = \"many\"\n"),
+            "worker.consumers = \"many\" (from ",
+        ),
+    ] {
+        std::fs::write(&config, &text).unwrap();
+        for (command, code) in commands {
+            let mut args = vec!["--config", config.to_str().unwrap()];
+            args.extend_from_slice(command);
+            let out = rs::run(
+                rs::vantage(
+                    dir.path(),
+                    &args,
+                    &[("VANTAGE__HTTP__LISTEN", "127.0.0.1:0")],
+                ),
+                RUN_LIMIT,
+            )
+            .await;
+            out.assert_no_panic();
+            let label = format!("{what} / vantage {}", command.join(" "));
+            assert_eq!(out.code, Some(*code), "{label}: {out:#?}");
+            let message = if command.contains(&"--json") {
+                let envelope: serde_json::Value = serde_json::from_str(&out.stdout)
+                    .unwrap_or_else(|e| panic!("{label}: not one JSON envelope ({e}): {out:#?}"));
+                assert_eq!(envelope["status"], "error", "{label}");
+                envelope["data"]["error"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            } else {
+                assert!(out.stdout.is_empty(), "{label}: {out:#?}");
+                out.stderr.clone()
+            };
+            assert_eq!(
+                message.matches("invalid configuration: ").count(),
+                1,
+                "{label}: {out:#?}"
+            );
+            assert!(message.contains(want), "{label}: {out:#?}");
+            assert!(message.contains("vantage.toml"), "{label}: {out:#?}");
+        }
+    }
+}

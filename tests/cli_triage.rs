@@ -810,3 +810,106 @@ async fn an_interrupted_bulk_requeue_leaves_every_dead_letter_done_or_untouched(
         done
     );
 }
+
+/// Item 8 / issue 19: a dry run's memory is bounded per request: each row it collects (the row
+/// written, before, after, or what the statement returns) is at most `text::MAX_TEXT` bytes and
+/// the count of the rest, cut by the database, and at most `dlq::DRY_RUN_ROWS` rows. Before:
+/// every row came back whole (a 1 MB payload copied into three read models: 3 MB of text,
+/// times the rows), and the CLI printed it all.
+#[tokio::test]
+async fn a_replay_dry_run_collects_capped_rows_only() {
+    let env = Env::with_extra_config(
+        "\n[[perspectives]]\nname = \"keyed\"\nevents = [\"Big\"]\n[perspectives.sql]\n\
+         Big = \"INSERT INTO public.copy_keyed (id, data) VALUES ($3, $1)\"\n\
+         [[perspectives]]\nname = \"loose\"\nevents = [\"Big\"]\n[perspectives.sql]\n\
+         Big = \"INSERT INTO public.copy_loose (data) SELECT $1 FROM generate_series(1, 60)\"\n\
+         [[perspectives]]\nname = \"echo\"\nevents = [\"Big\"]\n[perspectives.sql]\n\
+         Big = \"SELECT $1 AS data, n FROM generate_series(1, 60) n\"\n",
+    )
+    .await;
+    sqlx::raw_sql(
+        "CREATE TABLE public.copy_keyed (id uuid PRIMARY KEY, data jsonb);\n\
+         CREATE TABLE public.copy_loose (data jsonb);",
+    )
+    .execute(env.store.pool())
+    .await
+    .unwrap();
+    for p in ["keyed", "loose", "echo"] {
+        env.store
+            .register_perspective(p, &["Big".to_owned()])
+            .await
+            .unwrap();
+    }
+    let big = "é".repeat(500_000); // 1 MB of two-byte characters
+    let appended = env
+        .append(Uuid::new_v4(), &[("Big", json!({ "big": big }))])
+        .await;
+    let n = appended[0].global_position;
+    let max = vantage::text::MAX_TEXT;
+    for p in ["keyed", "loose", "echo"] {
+        env.dead_letter(p, n, "MaxAttemptsExceeded").await;
+        let run = env
+            .run(&[
+                "dlq",
+                "replay",
+                &n.to_string(),
+                "--perspective",
+                p,
+                "--dry-run",
+            ])
+            .await;
+        assert_eq!(run.code, 0, "{p}: {}", run.stderr);
+        // At most 50 rows of at most 64 KiB each (and a line of text around each).
+        let lines: Vec<&str> = run.stdout.lines().collect();
+        assert!(
+            lines.iter().all(|l| l.len() < max + 200),
+            "{p}: a line of {} bytes",
+            lines.iter().map(|l| l.len()).max().unwrap_or(0)
+        );
+        assert!(
+            run.stdout.len() < 60 * (max + 200),
+            "{p}: {} bytes",
+            run.stdout.len()
+        );
+        assert!(run.stdout.contains("bytes more)"), "{p}: the cut is said");
+        let json = env
+            .run(&[
+                "dlq",
+                "replay",
+                &n.to_string(),
+                "--perspective",
+                p,
+                "--dry-run",
+                "--json",
+            ])
+            .await;
+        assert_eq!(json.code, 0, "{p}: {}", json.stderr);
+        let rows = json.json()["data"]["changes"]["rows"]
+            .as_array()
+            .unwrap()
+            .len();
+        assert!(rows <= 50, "{p}: {rows} rows");
+        assert!(
+            json.stdout.len() < 60 * 3 * (max + 200),
+            "{p}: {} bytes",
+            json.stdout.len()
+        );
+    }
+    // Nothing was written, and the key still found the row: before (none), after capped.
+    assert_eq!(env.count("SELECT count(*) FROM public.copy_keyed").await, 0);
+    let run = env
+        .run(&[
+            "dlq",
+            "replay",
+            &n.to_string(),
+            "--perspective",
+            "keyed",
+            "--dry-run",
+        ])
+        .await;
+    assert!(
+        run.stdout.contains("    before: (none)\n"),
+        "{}",
+        &run.stdout[..2000.min(run.stdout.len())]
+    );
+}

@@ -502,7 +502,8 @@ async fn triage_groups_blocked_lanes_and_the_replay_preview() {
     .await;
 }
 
-/// Writes docs/console-*.png: the four pages at the harness's window size.
+/// Writes docs/console-*.png: every page at the harness's window size, the replay preview as
+/// an operator reaches it (its button on the detail page).
 #[tokio::test]
 #[ignore = "run by hand to refresh the README's screenshots"]
 async fn screenshots() {
@@ -523,14 +524,69 @@ async fn screenshots() {
             ),
             ("/groups", "console-groups.png"),
             ("/blocked", "console-blocked.png"),
-            (
-                "/dead-letters/2/order_summary?preview=replay",
-                "console-replay-preview.png",
-            ),
         ] {
             b.goto(&format!("{base}{path}")).await;
             b.screenshot(&docs.join(file)).await;
         }
+        // The replay preview is an action (a same-origin POST that runs the statement, rolled
+        // back), not a GET: the detail page's button.
+        b.goto(&format!("{base}/dead-letters/2/order_summary"))
+            .await;
+        b.click("button[name=preview][value=replay]").await;
+        let text = b.text().await;
+        assert!(text.contains("What a replay would change"), "{text}");
+        b.screenshot(&docs.join("console-replay-preview.png")).await;
+        assert_no_csp_violations(&b).await;
+    })
+    .await;
+}
+
+/// Item 17: an event type with a right-to-left override (and an error text with zero-width
+/// characters) reads as what it is, escaped and marked, not as another name.
+#[tokio::test]
+async fn bidi_and_zero_width_characters_show_escaped_in_the_browser() {
+    let env = seeded().await;
+    let appended = env
+        .append(
+            uuid::Uuid::new_v4(),
+            &[(
+                "Order\u{202e}dekcalP",
+                serde_json::json!({"note": "a\u{200b}b"}),
+            )],
+        )
+        .await;
+    let n = appended[0].global_position;
+    env.dead_letter_with_error(
+        "audit",
+        n,
+        "MaxAttemptsExceeded",
+        "bad \u{2066}value\u{2069}",
+    )
+    .await;
+    let served = serve(&env).await;
+    let base = served.url("");
+    with_browser(|b| async move {
+        b.goto(&format!("{base}/dead-letters?perspective=audit"))
+            .await;
+        let text = b.text().await;
+        assert!(text.contains("Order\\u{202e}dekcalP"), "{text}");
+        assert!(!text.contains('\u{202e}'), "{text}");
+        assert!(b.has("td span.esc[title='U+202E']").await);
+        b.click(&format!("a[href='/dead-letters/{n}/audit']")).await;
+        let text = b.text().await;
+        for shown in [
+            "Order\\u{202e}dekcalP",
+            "bad \\u{2066}value\\u{2069}",
+            "a\\u{200b}b",
+        ] {
+            assert!(text.contains(shown), "{shown}: {text}");
+        }
+        assert!(
+            !text
+                .chars()
+                .any(|c| matches!(c, '\u{200b}' | '\u{202e}' | '\u{2066}' | '\u{2069}')),
+            "{text}"
+        );
         assert_no_csp_violations(&b).await;
     })
     .await;

@@ -20,6 +20,7 @@ mod requeue;
 use clap::{Args, Subcommand};
 use serde_json::Value;
 
+use super::exit;
 use super::output::{self, Failure, Ui};
 use super::GlobalArgs;
 use crate::config::Settings;
@@ -184,10 +185,10 @@ impl DlqCommand {
 pub async fn run(global: &GlobalArgs, cmd: DlqCommand) -> i32 {
     let ui = Ui::new(cmd.json());
     let result = async {
-        // SPEC §4.2: bad configuration is a usage error (2) for dlq commands.
+        // SPEC §4.2: bad configuration is a usage error (2) for dlq commands (exit.rs).
         let settings = global
             .load_settings()
-            .map_err(|e| Failure::usage(e.to_string()))?;
+            .map_err(|e| Failure::with_code(exit::DLQ_BAD_CONFIG, e.to_string()))?;
         let store = output::connect(&settings).await?;
         let ctx = Ctx {
             settings: &settings,

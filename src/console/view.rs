@@ -26,10 +26,67 @@ pub async fn stylesheet() -> Response {
 /// Renders a template; a template that cannot render (it cannot fail on these types, but the
 /// API says it may) becomes a plain message rather than a panic.
 pub fn render(template: &impl Template) -> Html<String> {
-    Html(template.render().unwrap_or_else(|e| {
+    Html(visible(template.render().unwrap_or_else(|e| {
         tracing::error!(error = %e, "console: a template failed to render");
         "The console could not render this page.".to_owned()
-    }))
+    })))
+}
+
+/// A rendered page with every control, bidi and zero-width character made visible, wherever
+/// a value put it (event types, error texts, payloads, filters, …), as the CLI shows them
+/// ([`crate::text::escaped_char`]): in text, the escape in a marked span
+/// (`<span class="esc" title="U+202E">\u{202e}</span>`), so a right-to-left override cannot
+/// make one event type read as another; inside a tag (an attribute value: a hidden field that
+/// repeats a filter, an input's value) a character reference (`&#x202e;`), which keeps the
+/// value exactly what it was; in `<title>` and `<textarea>`, which hold no markup, the escape
+/// alone. The templates hold no such character, and askama escapes `<` and `>` in values, so
+/// every `<` and `>` of the page is the templates' markup.
+pub fn visible(html: String) -> String {
+    use std::fmt::Write as _;
+    if !html.chars().any(|c| crate::text::escaped_char(c).is_some()) {
+        return html;
+    }
+    let mut out = String::with_capacity(html.len() + 256);
+    let mut in_tag = false;
+    // Inside an element whose content is text only (`<title>`, `<textarea>`).
+    let mut text_only = false;
+    for (i, c) in html.char_indices() {
+        match c {
+            '<' => {
+                in_tag = true;
+                let name: String = html[i + 1..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '/')
+                    .map(|c| c.to_ascii_lowercase())
+                    .collect();
+                match name.as_str() {
+                    "title" | "textarea" => text_only = true,
+                    "/title" | "/textarea" => text_only = false,
+                    _ => {}
+                }
+                out.push(c);
+            }
+            '>' => {
+                in_tag = false;
+                out.push(c);
+            }
+            c => match crate::text::escaped_char(c) {
+                None => out.push(c),
+                Some(_) if in_tag => {
+                    let _ = write!(out, "&#x{:x};", u32::from(c));
+                }
+                Some(escape) if text_only => out.push_str(&escape),
+                Some(escape) => {
+                    let _ = write!(
+                        out,
+                        "<span class=\"esc\" title=\"U+{:04X}\">{escape}</span>",
+                        u32::from(c)
+                    );
+                }
+            },
+        }
+    }
+    out
 }
 
 /// A time as the CLI shows it: RFC 3339, UTC, milliseconds.
@@ -376,4 +433,25 @@ pub struct ReplayPreviewView {
     pub rows: Vec<PreviewRow>,
     /// What the statement returns, when it returns rows of its own.
     pub returned: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::visible;
+
+    #[test]
+    fn disguising_characters_are_shown_escaped_in_text_and_kept_in_attributes() {
+        let page = "<title>a\u{202e}b</title><td>Order\u{202e}dekcalP</td>\
+                    <input type=\"hidden\" name=\"t\" value=\"x\u{200b}y\"><pre>1\r\n\u{1b}[2J\tz</pre>";
+        assert_eq!(
+            visible(page.to_owned()),
+            "<title>a\\u{202e}b</title>\
+             <td>Order<span class=\"esc\" title=\"U+202E\">\\u{202e}</span>dekcalP</td>\
+             <input type=\"hidden\" name=\"t\" value=\"x&#x200b;y\">\
+             <pre>1<span class=\"esc\" title=\"U+000D\">\\r</span>\n\
+             <span class=\"esc\" title=\"U+001B\">\\u{1b}</span>[2J\tz</pre>"
+        );
+        let plain = "<p>ünïcødé ✓</p>\n".to_owned();
+        assert_eq!(visible(plain.clone()), plain);
+    }
 }

@@ -347,7 +347,9 @@ async fn dispatch(
 // ---------------------------------------------------------------------------------------------
 // Replay dry run
 
-/// Rows of a dry run's preview at most.
+/// Rows of a dry run's preview at most; each value of a row (written, before, after,
+/// returned) and the error are capped at [`crate::text::MAX_TEXT`] bytes, so a dry run's memory
+/// is bounded whatever the read model holds.
 pub const DRY_RUN_ROWS: i64 = 50;
 
 /// One read-model row a replay would write: its table, primary key, and the row before and
@@ -449,9 +451,9 @@ pub async fn dry_run(
     let mut changes = Vec::new();
     for w in written.iter().flatten() {
         let key = dr::primary_key_in(&mut tx, w.table_oid).await?;
-        let before = match key {
-            Some(_) => dr::read_model_row_in(&mut tx, w.table_oid, &w.row).await?,
-            None => None,
+        let before = match (&key, &w.key) {
+            (Some(_), Some(k)) => dr::read_model_row_in(&mut tx, w.table_oid, k).await?,
+            _ => None,
         };
         changes.push((w.clone(), key, before));
     }
@@ -463,7 +465,7 @@ pub async fn dry_run(
         .await;
     let result = match applied {
         Err(e) => DryRun {
-            error: Some(e.message().to_owned()),
+            error: Some(crate::text::cap(e.message()).into_owned()),
             preview: Preview::Unavailable,
         },
         Ok(()) => {
@@ -471,9 +473,11 @@ pub async fn dry_run(
                 (Some(_), _) => {
                     let mut rows = Vec::with_capacity(changes.len());
                     for (w, key, before) in changes {
-                        let after = match key {
-                            Some(_) => dr::read_model_row_in(&mut tx, w.table_oid, &w.row).await?,
-                            None => None,
+                        let after = match (&key, &w.key) {
+                            (Some(_), Some(k)) => {
+                                dr::read_model_row_in(&mut tx, w.table_oid, k).await?
+                            }
+                            _ => None,
                         };
                         rows.push(RowChange {
                             table: w.table,

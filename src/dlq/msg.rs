@@ -74,6 +74,10 @@ pub fn requeue_prompt_one(position: i64, perspective: &str) -> String {
 pub fn requeue_prompt_many(count: usize) -> String {
     format!("Requeue {count} dead-lettered event(s)? [y/N]")
 }
+/// Says: `Counting the matching dead letters took longer than the database's statement_timeout, and a bulk action needs the count. Nothing was done; narrow the filter and try again.`
+pub fn count_timed_out() -> &'static str {
+    "Counting the matching dead letters took longer than the database's statement_timeout, and a bulk action needs the count. Nothing was done; narrow the filter and try again."
+}
 /// Says: `No dead-lettered events match; nothing to requeue.`
 pub fn none_to_requeue() -> &'static str {
     "No dead-lettered events match; nothing to requeue."

@@ -213,28 +213,75 @@ impl Store {
     }
 }
 
+/// The order of [`Store::open_dead_letters_counted`]'s rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BulkOrder {
+    /// Lowest position first (the console's bulk actions).
+    Position,
+    /// By perspective, then position (the CLI's bulk walk, continued by
+    /// [`Store::open_dead_letters_after`]).
+    PerspectivePosition,
+}
+
+/// How many open dead letters match a filter and the first of them, read in one statement, so
+/// both describe the same moment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CountedDeadLetters {
+    /// How many match.
+    pub matching: i64,
+    /// The first of them in the requested order, at most the requested number.
+    pub first: Vec<DeadLetter>,
+}
+
 impl Store {
-    /// What a bulk action over `filter` acts on: the open dead letters that match it (whatever
-    /// `filter.status` says), lowest position first, at most `limit`. The console shows these in
-    /// its preview and acts on exactly these after the confirmation.
-    pub async fn open_dead_letters_matching(
+    /// How many open dead letters match `filter` (whatever `filter.status` says) and the first
+    /// `limit` of them in `order`, in **one statement** (one snapshot): a bulk action compares
+    /// the count and the set with what its preview showed, and two statements could see two
+    /// different moments (a count from before another operator's change and a set from after
+    /// it), so a refusal would give a reason true of neither. `None` when it took longer than
+    /// the session's `statement_timeout` (SQLSTATE 57014).
+    pub async fn open_dead_letters_counted(
         &self,
         filter: &DeadLetterFilter,
+        order: BulkOrder,
         limit: u32,
-    ) -> Result<Vec<DeadLetter>, StoreError> {
+    ) -> Result<Option<CountedDeadLetters>, StoreError> {
+        use sqlx::{FromRow as _, Row as _};
         let open = DeadLetterFilter {
             status: Some("exhausted".to_owned()),
             ..filter.clone()
         };
+        let order_by = match order {
+            BulkOrder::Position => "global_position, dead_letter_id",
+            BulkOrder::PerspectivePosition => "perspective_name, global_position",
+        };
+        // The count is an uncorrelated subquery: evaluated once, in the statement's snapshot.
+        // With no row returned nothing matched (`limit` is at least 1), so the count is 0.
         let sql = format!(
-            "SELECT * FROM wh_dead_letters WHERE {FILTER_WHERE} \
-             ORDER BY global_position, dead_letter_id LIMIT $9"
+            "SELECT (SELECT count(*) FROM wh_dead_letters WHERE {FILTER_WHERE}) AS vantage_matching, * \
+             FROM wh_dead_letters WHERE {FILTER_WHERE} ORDER BY {order_by} LIMIT $9"
         );
-        bind_filter!(sqlx::query_as::<_, DeadLetter>(&sql), open)
-            .bind(i64::from(limit))
+        let fetched = bind_filter!(sqlx::query(&sql), open)
+            .bind(i64::from(limit.max(1)))
             .fetch_all(&self.pool)
-            .await
-            .map_err(map_db_error)
+            .await;
+        let rows = match fetched {
+            Ok(rows) => rows,
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("57014") => {
+                return Ok(None)
+            }
+            Err(e) => return Err(map_db_error(e)),
+        };
+        let matching = match rows.first() {
+            Some(row) => row.try_get("vantage_matching").map_err(map_db_error)?,
+            None => 0,
+        };
+        let first = rows
+            .iter()
+            .map(DeadLetter::from_row)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(map_db_error)?;
+        Ok(Some(CountedDeadLetters { matching, first }))
     }
 
     /// The open dead letters matching `filter` (whatever `filter.status` says) by perspective,

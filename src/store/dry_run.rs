@@ -8,6 +8,10 @@
 //! (the statement has a RETURNING clause of its own, or is a SELECT calling a function), as
 //! `WITH __vantage_w AS (<statement>) SELECT to_jsonb(…)` to show what it returns. Event
 //! values are bound as parameters `$1`…`$7`, exactly as the daemon binds them.
+//!
+//! Memory per dry run is bounded: at most the caller's `limit` rows, and each row (written,
+//! before, after, returned) leaves the database cut to [`MAX_TEXT`] characters with its length,
+//! shown as [`crate::text::cap`] shows a long text.
 
 use serde_json::Value;
 use sqlx::PgConnection;
@@ -15,6 +19,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::{map_db_error, StoreError};
+use crate::text::MAX_TEXT;
 
 /// The seven parameters of an event's statement, owned.
 #[derive(Clone, Debug)]
@@ -42,8 +47,21 @@ pub struct WrittenRow {
     pub table_oid: i64,
     /// The table's name as the session sees it (`order_summary`, `public.order_summary`).
     pub table: String,
-    /// The row as `to_jsonb` writes it, as text (numbers exactly as stored).
+    /// The row as `to_jsonb` writes it, as text (numbers exactly as stored), capped
+    /// ([`crate::text::cap`]) by the database: a dry run holds at most that much of each row.
     pub row: String,
+    /// The row's primary key columns and values, as JSON text (`None`: the table has none),
+    /// to read the row again by [`read_model_row_in`].
+    pub key: Option<String>,
+}
+
+/// A text the database cut at [`MAX_TEXT`] characters, and its whole length in bytes, as
+/// [`crate::text::cap`] would show the whole: so a huge row never reaches this process whole.
+fn capped((prefix, total): (String, i64)) -> String {
+    match crate::text::cap_read(&prefix, usize::try_from(total).unwrap_or(usize::MAX)) {
+        std::borrow::Cow::Borrowed(_) => prefix,
+        std::borrow::Cow::Owned(cut) => cut,
+    }
 }
 
 fn trimmed(statement: &str) -> &str {
@@ -90,23 +108,30 @@ pub async fn written_rows_in(
     p: &EventParams,
     limit: i64,
 ) -> Result<Vec<WrittenRow>, StoreError> {
+    // Each row leaves the database cut to MAX_TEXT characters, with its length and its key.
     let sql = format!(
-        "WITH __vantage_w AS ({} RETURNING tableoid AS __vantage_oid, *) \
+        "WITH __vantage_w AS ({} RETURNING tableoid AS __vantage_oid, *), \
+              __vantage_r AS (SELECT __vantage_oid, to_jsonb(__vantage_w) - '__vantage_oid' AS r \
+                              FROM __vantage_w LIMIT {limit}) \
          SELECT __vantage_oid::bigint, __vantage_oid::regclass::text, \
-                (to_jsonb(__vantage_w) - '__vantage_oid')::text \
-         FROM __vantage_w LIMIT {limit}",
+                left(r::text, {MAX_TEXT}), octet_length(r::text)::bigint, \
+                (SELECT jsonb_object_agg(c, r -> c) \
+                 FROM unnest(wh_primary_key(__vantage_oid::regclass)) AS c)::text \
+         FROM __vantage_r",
         trimmed(statement)
     );
-    let rows: Vec<(i64, String, String)> = bind_params!(sqlx::query_as(&sql), p)
-        .fetch_all(conn)
-        .await
-        .map_err(map_db_error)?;
+    let rows: Vec<(i64, String, String, i64, Option<String>)> =
+        bind_params!(sqlx::query_as(&sql), p)
+            .fetch_all(conn)
+            .await
+            .map_err(map_db_error)?;
     Ok(rows
         .into_iter()
-        .map(|(table_oid, table, row)| WrittenRow {
+        .map(|(table_oid, table, row, length, key)| WrittenRow {
             table_oid,
             table,
-            row,
+            row: capped((row, length)),
+            key,
         })
         .collect())
 }
@@ -121,13 +146,16 @@ pub async fn returned_rows_in(
     limit: i64,
 ) -> Result<Vec<String>, StoreError> {
     let sql = format!(
-        "WITH __vantage_w AS ({}) SELECT to_jsonb(__vantage_w)::text FROM __vantage_w LIMIT {limit}",
+        "WITH __vantage_w AS ({}), \
+              __vantage_r AS (SELECT to_jsonb(__vantage_w)::text AS t FROM __vantage_w LIMIT {limit}) \
+         SELECT left(t, {MAX_TEXT}), octet_length(t)::bigint FROM __vantage_r",
         trimmed(statement)
     );
-    bind_params!(sqlx::query_scalar(&sql), p)
+    let rows: Vec<(String, i64)> = bind_params!(sqlx::query_as(&sql), p)
         .fetch_all(conn)
         .await
-        .map_err(map_db_error)
+        .map_err(map_db_error)?;
+    Ok(rows.into_iter().map(capped).collect())
 }
 
 /// The primary key columns of a table (`None`: it has none).
@@ -142,17 +170,24 @@ pub async fn primary_key_in(
         .map_err(map_db_error)
 }
 
-/// The row of the table with the primary key of `row` (JSON text), as this transaction sees it
-/// now, as JSON text.
+/// The row of the table with primary key `key` (JSON text, [`WrittenRow::key`]), as this
+/// transaction sees it now, as JSON text capped by the database as [`WrittenRow::row`] is.
 pub async fn read_model_row_in(
     conn: &mut PgConnection,
     table_oid: i64,
-    row: &str,
+    key: &str,
 ) -> Result<Option<String>, StoreError> {
-    sqlx::query_scalar("SELECT wh_read_model_row($1::bigint::oid::regclass, $2::jsonb)::text")
-        .bind(table_oid)
-        .bind(row)
-        .fetch_one(conn)
-        .await
-        .map_err(map_db_error)
+    let row: (Option<String>, Option<i64>) = sqlx::query_as(&format!(
+        "SELECT left(t, {MAX_TEXT}), octet_length(t)::bigint \
+         FROM (SELECT wh_read_model_row($1::bigint::oid::regclass, $2::jsonb)::text AS t) AS r"
+    ))
+    .bind(table_oid)
+    .bind(key)
+    .fetch_one(conn)
+    .await
+    .map_err(map_db_error)?;
+    Ok(match row {
+        (Some(prefix), Some(length)) => Some(capped((prefix, length))),
+        _ => None,
+    })
 }

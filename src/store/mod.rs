@@ -24,7 +24,8 @@ pub use claims::{
     complete_in, record_failure_in, release_started_in, release_unstarted_in, ClaimedHead, WorkRow,
 };
 pub use console::{
-    DeadLetterCursor, DeadLetterFilter, DeadLetterPage, DeadLetterSummary, ERROR_PREVIEW_CHARS,
+    BulkOrder, CountedDeadLetters, DeadLetterCursor, DeadLetterFilter, DeadLetterPage,
+    DeadLetterSummary, ERROR_PREVIEW_CHARS,
 };
 pub use dead_letters::{
     move_many_to_dead_letters_in, move_to_dead_letters_in, resolve_dead_letter_in, DeadLetter,

@@ -17,10 +17,16 @@
 //! [`Limits::request_head_timeout`] of being accepted or answered (that deadline bounds reading
 //! the head, nothing else: a long request is never cut), its body within
 //! [`REQUEST_BODY_TIMEOUT`], and at most [`Limits::max_connections`] are open at once. At the
-//! cap, a new connection is taken and the oldest one that waits for a request head is closed
-//! (one never answered first, then one answered that waits for, or is part-way through, its
-//! next head); a connection whose request is being served is never closed, so a probe always
-//! gets in unless every slot is answering a request.
+//! cap, a new connection is taken and the oldest of the first kind there is is closed: one
+//! never answered that is part-way through a head, then one answered that waits for (or is
+//! part-way through) its next head, then one whose head is complete but whose announced body
+//! is still arriving, then one that has sent nothing although the server tried to read it. A
+//! new connection's first bytes are read when it is accepted, so a probe, which sends its
+//! request at once, is being served from its first moment; a request being handled (no body,
+//! or its body read) is never closed. A newcomer finding nothing to close looks again a few
+//! times, letting the connections accepted before it be read, then is turned away. So a probe
+//! gets in unless every slot is handling a request, whatever mix of slow, half-sent, trickled
+//! or returning connections an attacker keeps up.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -167,9 +173,12 @@ pub(crate) async fn serve_router(
 ) -> io::Result<()> {
     let listener = BoundedListener::new(listener, limits);
     let router = router.layer(axum::middleware::from_fn(read_body_in_time));
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<Connection>(),
+    )
+    .with_graceful_shutdown(shutdown.cancelled_owned())
+    .await
 }
 
 /// How long a request body may take to arrive, in all (counted from when its head was read).
@@ -182,11 +191,19 @@ pub const MAX_REQUEST_BODY: usize = 2 * 1024 * 1024;
 
 /// Reads the whole request body within [`REQUEST_BODY_TIMEOUT`] and [`MAX_REQUEST_BODY`]
 /// before the handler runs: `408` if it is too slow, `413` if it is too big.
+///
+/// Until its body is read, a request's connection may still be closed to make room (see
+/// [`BoundedListener`]): a body that trickles must not hold a slot the probes need. From then
+/// on, while its handler runs, it never is.
 async fn read_body_in_time(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     let (parts, body) = request.into_parts();
+    let connection = parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<Connection>>()
+        .map(|c| Arc::clone(&c.0 .0));
     match tokio::time::timeout(
         REQUEST_BODY_TIMEOUT,
         axum::body::to_bytes(body, MAX_REQUEST_BODY),
@@ -194,6 +211,9 @@ async fn read_body_in_time(
     .await
     {
         Ok(Ok(bytes)) => {
+            if let Some(c) = connection {
+                c.handling.store(true, Ordering::Release);
+            }
             next.run(axum::extract::Request::from_parts(parts, bytes.into()))
                 .await
         }
@@ -214,6 +234,13 @@ async fn read_body_in_time(
 /// reading the head and nothing else: a request whose head is complete runs as long as its
 /// handler takes.
 pub const REQUEST_HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Bytes of a new connection read when it is accepted (a request head is far smaller).
+const EARLY_READ: usize = 8 * 1024;
+
+/// How often a newcomer that finds nothing to close looks again (yielding to the connections
+/// in between) before it is turned away.
+const ADMIT_RETRIES: usize = 8;
 
 /// Most connections served at once (far below the unit's `LimitNOFILE`, leaving room for the
 /// database pool).
@@ -238,13 +265,20 @@ impl Default for Limits {
 }
 
 /// What the listener knows about one open connection.
-#[derive(Default)]
 struct ConnState {
     /// A response has been written on it.
     answered: AtomicBool,
     /// Its request head is complete and its response not started: a request is being served.
     /// Such a connection is never evicted, and the head deadline does not apply to it.
     serving: AtomicBool,
+    /// Bytes of its current request head have arrived (it is part-way through one).
+    started_head: AtomicBool,
+    /// The server has tried to read it (so a connection that has sent nothing yet was given
+    /// its chance: until then it may merely not have been scheduled).
+    polled: AtomicBool,
+    /// Its request's body has been read and its handler runs (set by `read_body_in_time`).
+    /// Until then a request being served may still be closed to make room.
+    handling: AtomicBool,
     /// The listener closed it to make room.
     evicted: AtomicBool,
     /// Dropped.
@@ -254,6 +288,19 @@ struct ConnState {
 }
 
 impl ConnState {
+    fn new() -> Self {
+        ConnState {
+            answered: AtomicBool::new(false),
+            serving: AtomicBool::new(false),
+            started_head: AtomicBool::new(false),
+            polled: AtomicBool::new(false),
+            handling: AtomicBool::new(false),
+            evicted: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            reader: Mutex::new(None),
+        }
+    }
+
     fn evict(&self) {
         self.evicted.store(true, Ordering::Release);
         let waker = self
@@ -274,36 +321,103 @@ impl ConnState {
     fn evictable(&self) -> bool {
         self.live() && !self.serving.load(Ordering::Acquire)
     }
+
+    /// Its request head has been read: it is being served, and, with no body to wait for,
+    /// its handler is as good as running.
+    fn head_complete(&self, body: bool) {
+        if !body {
+            self.handling.store(true, Ordering::Release);
+        }
+        self.serving.store(true, Ordering::Release);
+    }
+
+    /// Its request head is complete but its body not yet read: may be evicted (after those
+    /// waiting for a head that have sent part of one).
+    fn awaiting_body(&self) -> bool {
+        self.live()
+            && self.serving.load(Ordering::Acquire)
+            && !self.handling.load(Ordering::Acquire)
+    }
+}
+
+/// The listener's record of a connection, handed to each request (as its `ConnectInfo`), so
+/// that `read_body_in_time` can say when the request's handler starts.
+#[derive(Clone)]
+pub(crate) struct Connection(Arc<ConnState>);
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, BoundedListener>>
+    for Connection
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, BoundedListener>) -> Self {
+        Connection(Arc::clone(&stream.io().conn))
+    }
 }
 
 /// Finds the end of a request head (an empty line, `\r\n\r\n` or `\n\n`) in the bytes read,
 /// across reads. Empty lines before a request line are ignored, as HTTP/1.1 allows, so they
 /// cannot end a "head" that never started.
+/// Also notes whether the head announces a body (`Content-Length` other than 0, or
+/// `Transfer-Encoding`), from the start of each header line.
 #[derive(Default)]
 struct HeadScan {
     seen_text: bool,
     newlines: u8,
+    /// The current line's first bytes, lowercased.
+    line: [u8; LINE_START],
+    line_len: usize,
+    /// The current line is longer than `line`.
+    line_cut: bool,
+    body: bool,
 }
+
+/// Bytes of a header line [`HeadScan`] looks at (`content-length: ` and a number).
+const LINE_START: usize = 32;
 
 impl HeadScan {
     /// Feeds bytes; true once the head is complete.
     fn feed(&mut self, bytes: &[u8]) -> bool {
         for &b in bytes {
             match b {
-                b'\n' if self.seen_text => {
-                    self.newlines += 1;
-                    if self.newlines == 2 {
-                        return true;
+                b'\n' => {
+                    self.end_line();
+                    if self.seen_text {
+                        self.newlines += 1;
+                        if self.newlines == 2 {
+                            return true;
+                        }
                     }
                 }
-                b'\r' | b'\n' => {}
+                b'\r' => {}
                 _ => {
                     self.seen_text = true;
                     self.newlines = 0;
+                    if self.line_len < LINE_START {
+                        self.line[self.line_len] = b.to_ascii_lowercase();
+                        self.line_len += 1;
+                    } else {
+                        self.line_cut = true;
+                    }
                 }
             }
         }
         false
+    }
+
+    fn end_line(&mut self) {
+        let line = &self.line[..self.line_len];
+        if let Some(value) = line.strip_prefix(b"content-length:") {
+            let value = value.trim_ascii();
+            self.body |= self.line_cut || value.is_empty() || value.iter().any(|&d| d != b'0');
+        } else if line.starts_with(b"transfer-encoding:") {
+            self.body = true;
+        }
+        self.line_len = 0;
+        self.line_cut = false;
+    }
+
+    /// The head (complete or not) announces a body.
+    fn announces_body(&self) -> bool {
+        self.body
     }
 }
 
@@ -333,13 +447,28 @@ impl BoundedListener {
         open.retain(|c| !c.closed.load(Ordering::Acquire));
         let live = open.iter().filter(|c| c.live()).count();
         if live >= self.limits.max_connections.max(1) {
-            // The oldest connection that never got an answer and is not being served; else the
-            // oldest answered one that waits for (or is part-way through) its next head. A
-            // connection whose request is being served is never closed.
+            // Oldest first: one that never got an answer and is part-way through a head (a
+            // slowloris); else an answered one that waits for (or is part-way through) its
+            // next head; else one whose head is complete but whose body is still arriving (a
+            // body that trickles must not hold the slot); only then one that has sent nothing
+            // yet, and only once the server has tried to read it. A newcomer's first bytes are
+            // read when it is accepted, so a client that sends its request at once (a probe)
+            // is being served from its first moment; one whose bytes are still on their way is
+            // kept until its task has looked: attackers that come back as fast as they are
+            // closed push out each other, not newcomers. When nothing may be closed, the
+            // newcomer is turned away. A connection whose handler runs is never closed.
+            let never_answered = |c: &&Arc<ConnState>| !c.answered.load(Ordering::Acquire);
+            let started = |c: &&Arc<ConnState>| c.started_head.load(Ordering::Acquire);
             let victim = open
                 .iter()
-                .find(|c| c.evictable() && !c.answered.load(Ordering::Acquire))
-                .or_else(|| open.iter().find(|c| c.evictable()));
+                .filter(|c| c.evictable())
+                .find(|c| never_answered(c) && started(c))
+                .or_else(|| open.iter().find(|c| c.evictable() && !never_answered(c)))
+                .or_else(|| open.iter().find(|c| c.awaiting_body()))
+                .or_else(|| {
+                    open.iter()
+                        .find(|c| c.evictable() && c.polled.load(Ordering::Acquire))
+                });
             match victim {
                 Some(victim) => victim.evict(),
                 None => return false,
@@ -358,8 +487,37 @@ impl axum::serve::Listener for BoundedListener {
         loop {
             // axum's own accept: retries, and backs off on errors such as EMFILE.
             let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
-            let conn = Arc::new(ConnState::default());
-            if !self.admit(&conn) {
+            let conn = Arc::new(ConnState::new());
+            let mut head = HeadScan::default();
+            let mut early = Vec::new();
+            let mut admitted = false;
+            for attempt in 0..=ADMIT_RETRIES {
+                if early.is_empty() {
+                    // What it has sent already (a probe sends its whole request at once): read
+                    // now, so that its state is known before anything is evicted for it.
+                    early.resize(EARLY_READ, 0);
+                    match stream.try_read(&mut early) {
+                        Ok(n) => early.truncate(n),
+                        Err(_) => early.clear(),
+                    }
+                    if !early.is_empty() {
+                        conn.started_head.store(true, Ordering::Release);
+                        if head.feed(&early) {
+                            conn.head_complete(head.announces_body());
+                        }
+                    }
+                }
+                if self.admit(&conn) {
+                    admitted = true;
+                    break;
+                }
+                if attempt < ADMIT_RETRIES {
+                    // Nothing may be closed yet: connections accepted in this burst have not
+                    // been read. Let them run, then look again.
+                    tokio::task::yield_now().await;
+                }
+            }
+            if !admitted {
                 tracing::debug!(%addr, "HTTP connection refused: every slot is answering a request");
                 continue;
             }
@@ -368,7 +526,8 @@ impl axum::serve::Listener for BoundedListener {
                 BoundedIo {
                     stream,
                     conn,
-                    head: HeadScan::default(),
+                    head,
+                    early,
                     timeout,
                     deadline: Box::pin(tokio::time::sleep(timeout)),
                 },
@@ -390,6 +549,8 @@ pub(crate) struct BoundedIo {
     stream: TcpStream,
     conn: Arc<ConnState>,
     head: HeadScan,
+    /// Bytes read when it was accepted, not yet handed to the server.
+    early: Vec<u8>,
     timeout: Duration,
     deadline: Pin<Box<Sleep>>,
 }
@@ -403,6 +564,8 @@ impl BoundedIo {
         }
         self.conn.answered.store(true, Ordering::Release);
         self.conn.serving.store(false, Ordering::Release);
+        self.conn.started_head.store(false, Ordering::Release);
+        self.conn.handling.store(false, Ordering::Release);
         self.head = HeadScan::default();
         self.deadline.as_mut().reset(Instant::now() + self.timeout);
         // A read that went pending while the request was served did not arm the deadline:
@@ -436,13 +599,23 @@ impl AsyncRead for BoundedIo {
         if this.conn.evicted.load(Ordering::Acquire) {
             return Poll::Ready(Err(evicted()));
         }
+        this.conn.polled.store(true, Ordering::Release);
+        if !this.early.is_empty() {
+            // Already fed to the head scan when accepted.
+            let n = this.early.len().min(buf.remaining());
+            buf.put_slice(&this.early[..n]);
+            this.early.drain(..n);
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.stream).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
-                if !this.conn.serving.load(Ordering::Acquire)
-                    && this.head.feed(&buf.filled()[before..])
-                {
-                    this.conn.serving.store(true, Ordering::Release);
+                let read = &buf.filled()[before..];
+                if !this.conn.serving.load(Ordering::Acquire) && !read.is_empty() {
+                    this.conn.started_head.store(true, Ordering::Release);
+                    if this.head.feed(read) {
+                        this.conn.head_complete(this.head.announces_body());
+                    }
                 }
                 Poll::Ready(Ok(()))
             }
@@ -869,6 +1042,36 @@ mod hardening_tests {
         let task = tokio::spawn(serve_router(listener, router, shutdown.clone(), limits));
         let task = tokio::spawn(async move { task.await.expect("join").expect("serve") });
         (addr, shutdown, task)
+    }
+
+    #[test]
+    fn a_head_says_whether_a_body_follows() {
+        let scan = |head: &[u8]| {
+            let mut h = HeadScan::default();
+            let done = h.feed(head);
+            (done, h.announces_body())
+        };
+        assert_eq!(
+            scan(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"),
+            (true, false)
+        );
+        assert_eq!(
+            scan(b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n"),
+            (true, false)
+        );
+        assert_eq!(
+            scan(b"POST / HTTP/1.1\r\ncontent-length:  12\r\n\r\n"),
+            (true, true)
+        );
+        assert_eq!(
+            scan(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            (true, true)
+        );
+        assert_eq!(scan(b"POST / HTTP/1.1\nContent-Length: 3\n"), (false, true));
+        assert_eq!(
+            scan(b"GET / HTTP/1.1\r\nX-Content-Length: 5\r\n\r\n"),
+            (true, false)
+        );
     }
 
     fn probes() -> Router {

@@ -1,6 +1,7 @@
 //! Bulk requeue and purge (`requeue --all | --group FP`, `purge --group FP`), bounded by
-//! `--limit N`: the count first (from the database), a dry run or a confirmation, then one
-//! compare-and-set per dead letter, with progress.
+//! `--limit N`: the count first (from the database, in one statement with the first page, so
+//! both describe one moment), a dry run or a confirmation, then one compare-and-set per dead
+//! letter, with progress.
 //!
 //! - The set is walked a page at a time by (perspective, position), so millions of dead letters
 //!   are never loaded at once; the first page is read before the confirmation (it is what the
@@ -22,7 +23,7 @@ use super::{msg, Ctx};
 use crate::cli::exit;
 use crate::cli::output::{self, confirm, operator_actor, Confirmed, Failure};
 use crate::dlq::{self, Requeued};
-use crate::store::{DeadLetter, DeadLetterFilter, Store, StoreError};
+use crate::store::{BulkOrder, DeadLetter, DeadLetterFilter, Store, StoreError};
 
 /// Dead letters read per round trip.
 const PAGE: i64 = 500;
@@ -112,12 +113,15 @@ pub(super) async fn run(
     sel: Selection,
 ) -> Result<Value, Failure> {
     let store = ctx.store;
-    let matching = store
-        .dead_letter_count(&sel.filter)
+    // The count and the first page in one statement, so the count shown and the listing under
+    // it describe the same moment.
+    let first_page = sel.limit.map_or(PAGE, |l| PAGE.min(l.max(1) as i64)) as u32;
+    let counted = store
+        .open_dead_letters_counted(&sel.filter, BulkOrder::PerspectivePosition, first_page)
         .await
         .map_err(|e| output::store_failure(&e))?
-        .unwrap_or(0)
-        .max(0) as u64;
+        .ok_or_else(|| Failure::usage(msg::count_timed_out()))?;
+    let matching = counted.matching.max(0) as u64;
     let target = sel.limit.map_or(matching, |l| l.min(matching)) as usize;
     let beyond = matching as usize - target;
     let done_key = action.done_key();
@@ -134,7 +138,8 @@ pub(super) async fn run(
         ));
     }
 
-    let first = page(store, &sel.filter, None, target).await?;
+    let mut first = counted.first;
+    first.truncate(target);
 
     if sel.dry_run {
         ctx.ui.say(match action {

@@ -3,7 +3,8 @@
 //! Never one click: `GET /bulk?action=…&<the list's filter>` only shows what would happen —
 //! the server's count of the open dead letters that match, which of them this confirmation
 //! covers (the lowest positions, at most [`BULK_LIMIT`]) and a sample of exactly those — and a
-//! form that repeats the filter and the count. `POST /bulk` re-selects the set and refuses,
+//! form that repeats the filter and the count. `POST /bulk` re-selects the set (the count and
+//! the set in one statement, so they describe one moment) and refuses,
 //! changing nothing, when it is not the one the preview showed (a different count, or the same
 //! count of different dead letters: the form carries a digest of their ids); otherwise it does
 //! the action to each one through [`perform`], the single action's code: its own
@@ -23,7 +24,7 @@ use crate::console::flash::Flash;
 use crate::console::view::{self, BulkPage, BulkRow};
 use crate::console::{ConsoleState, ConsoleUser, AUDIT_TARGET, BULK_LIMIT, BULK_SAMPLE};
 use crate::dlq::msg;
-use crate::store::{DeadLetter, DeadLetterFilter};
+use crate::store::{BulkOrder, CountedDeadLetters, DeadLetter, DeadLetterFilter};
 
 /// `GET /bulk`: the action and the list's filter.
 #[derive(Debug, Deserialize)]
@@ -71,17 +72,19 @@ async fn select(
         status: Some("exhausted".to_owned()),
         ..filter_of(q)?
     };
-    let store = state.store();
-    let Some(count) = store.dead_letter_count(&filter).await? else {
+    // The count and the set in one statement: the refusal's reason compares both with the
+    // preview, so they must describe the same moment.
+    let counted = state
+        .store()
+        .open_dead_letters_counted(&filter, BulkOrder::Position, BULK_LIMIT)
+        .await?;
+    let Some(CountedDeadLetters { matching, first }) = counted else {
         return Err(PageError::Unavailable(format!(
             "Counting the matching dead letters took longer than {} s, and a bulk action needs the count. Narrow the filter and try again.",
             crate::console::STATEMENT_TIMEOUT.as_secs()
         )));
     };
-    let letters = store
-        .open_dead_letters_matching(&filter, BULK_LIMIT)
-        .await?;
-    Ok((filter, count, letters))
+    Ok((filter, matching, first))
 }
 
 fn preview_href(action: Action, params: &[(&'static str, String)]) -> String {

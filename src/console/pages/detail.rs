@@ -74,17 +74,15 @@ async fn replay_preview(state: &ConsoleState, dl: &DeadLetter) -> ReplayPreviewV
         Err(e) => view.summary = e.to_string(),
         Ok(DryRun {
             error: Some(error), ..
-        }) => view.summary = capped(msg::dry_run_would_fail(&error)),
+        }) => view.summary = msg::dry_run_would_fail(&error),
         Ok(DryRun {
             error: None,
             preview,
         }) => {
             view.ok = true;
             view.summary = msg::dry_run_would_resolve(n);
-            let text = |v: &Option<String>| {
-                v.as_deref()
-                    .map_or_else(|| "(none)".to_owned(), |t| crate::text::cap(t).into_owned())
-            };
+            // Every value of a dry run is capped already (`dlq::DRY_RUN_ROWS`).
+            let text = |v: &Option<String>| v.clone().unwrap_or_else(|| "(none)".to_owned());
             match preview {
                 Preview::Rows(rows) => {
                     if rows.is_empty() {
@@ -105,13 +103,13 @@ async fn replay_preview(state: &ConsoleState, dl: &DeadLetter) -> ReplayPreviewV
                             after: if r.key.is_some() {
                                 text(&r.after)
                             } else {
-                                crate::text::cap(&r.written).into_owned()
+                                r.written.clone()
                             },
                             table: r.table,
                         })
                         .collect();
                 }
-                Preview::Returned(rows) => view.returned = rows.into_iter().map(capped).collect(),
+                Preview::Returned(rows) => view.returned = rows,
                 Preview::Unavailable => view.summary.push_str(
                     " Which rows it writes could not be read (the statement is not a plain INSERT, UPDATE or DELETE).",
                 ),
