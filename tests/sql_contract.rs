@@ -3158,3 +3158,80 @@ async fn a_database_migrated_before_the_baseline_is_refused() -> TestResult {
     }
     Ok(())
 }
+
+// An append behind a parked head wakes nothing: the fold keeps the head's hint (so no claim is
+// sent to look at a lane that cannot be claimed), and deletes the wake-up; an event requeued
+// ahead of the queued ones, or the first row of a lane, is due at once.
+#[tokio::test]
+async fn an_append_behind_a_parked_head_leaves_the_lane_hint_alone() -> TestResult {
+    let ctx = setup().await?;
+    let store = ctx.store.clone();
+    perspective(&store, "P1", &["*"]).await?;
+    let stream = Uuid::new_v4();
+    append(&store, stream, &["E"]).await?;
+    let holder = live_instance(&store).await?;
+    let rows = store.claim_work(holder, LEASE, 10, 10, None).await?;
+    assert_eq!(rows.len(), 1);
+    let head = rows[0].event_work_id;
+    assert!(
+        store
+            .record_failure(holder, head, "boom", Duration::from_secs(3600))
+            .await?
+    );
+    let due = |store: Store| async move {
+        sqlx::query_scalar::<_, DateTime<Utc>>(
+            "SELECT due_at FROM wh_perspective_lanes WHERE stream_id = $1",
+        )
+        .bind(stream)
+        .fetch_one(store.pool())
+        .await
+    };
+    let parked_until = due(store.clone()).await?;
+    assert!(parked_until > Utc::now(), "the parked lane is not due now");
+
+    // Appends behind the parked head, then the fold every claim begins with.
+    append(&store, stream, &["E", "E"]).await?;
+    let folded: i32 = sqlx::query_scalar("SELECT wh_fold_lane_wakeups(1000)")
+        .fetch_one(store.pool())
+        .await?;
+    assert_eq!(folded, 1);
+    let wakeups: i64 = sqlx::query_scalar("SELECT count(*) FROM wh_lane_wakeups")
+        .fetch_one(store.pool())
+        .await?;
+    assert_eq!(wakeups, 0, "the wake-up is folded");
+    assert_eq!(
+        due(store.clone()).await?,
+        parked_until,
+        "the lane stays due at its head's backoff"
+    );
+    let claimed = store.claim_work(holder, LEASE, 10, 10, None).await?;
+    assert!(
+        claimed.is_empty(),
+        "nothing behind a parked head is claimable"
+    );
+
+    // The head dead-lettered and requeued: a row ahead of the queued ones, due now.
+    let moved: Option<Uuid> = sqlx::query_scalar(
+        "SELECT move_to_dead_letters(gen_random_uuid(), 'wh_perspective_events', $1, \
+         'PermanentFailure', 'boom', NULL)",
+    )
+    .bind(head)
+    .fetch_one(store.pool())
+    .await?;
+    let letter = moved.expect("the head is dead-lettered");
+    // (the move made the next row the head, due now; park it again to see the requeue wake it)
+    sqlx::query(
+        "UPDATE wh_perspective_lanes SET due_at = now() + interval '1 hour' WHERE stream_id = $1",
+    )
+    .bind(stream)
+    .execute(store.pool())
+    .await?;
+    assert!(store.requeue_dead_letter(letter, "test").await?);
+    let claimed = store.claim_work(holder, LEASE, 10, 10, None).await?;
+    assert_eq!(
+        claimed.iter().map(|r| r.stream_version).collect::<Vec<_>>(),
+        vec![1, 2, 3],
+        "the requeued head and the rows behind it are claimed at once"
+    );
+    Ok(())
+}

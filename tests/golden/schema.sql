@@ -45,7 +45,8 @@ CREATE TABLE wh_event_store (
 -- table wh_lane_wakeups WITH (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=1000)
 CREATE TABLE wh_lane_wakeups (
     stream_id uuid NOT NULL,
-    perspective_name text NOT NULL
+    perspective_name text NOT NULL,
+    min_version integer
 );
 
 -- table wh_perspective_events WITH (fillfactor=70, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.05, autovacuum_analyze_scale_factor=0.02)
@@ -1145,13 +1146,15 @@ DECLARE
     v_tid   tid[];
     v_s     uuid[];
     v_p     text[];
+    v_v     int[];
     v_done_s uuid[];
     v_done_p text[];
     v_gone  int;
 BEGIN
-    SELECT array_agg(w.ctid), array_agg(w.stream_id), array_agg(w.perspective_name)
-    INTO v_tid, v_s, v_p
-    FROM (SELECT w.ctid, w.stream_id, w.perspective_name
+    SELECT array_agg(w.ctid), array_agg(w.stream_id), array_agg(w.perspective_name),
+           array_agg(w.min_version)
+    INTO v_tid, v_s, v_p, v_v
+    FROM (SELECT w.ctid, w.stream_id, w.perspective_name, w.min_version
           FROM wh_lane_wakeups w
           LIMIT greatest(p_max, 0)
           FOR UPDATE SKIP LOCKED) w;
@@ -1160,19 +1163,33 @@ BEGIN
     END IF;
 
     WITH keys AS (
-        SELECT DISTINCT k.sid, k.pname FROM unnest(v_s, v_p) AS k(sid, pname)),
+        -- (a wake-up without a version, from before 0011, counts as a new head)
+        SELECT k.sid, k.pname,
+               CASE WHEN bool_or(k.v IS NULL) THEN NULL ELSE min(k.v) END AS min_version
+        FROM unnest(v_s, v_p, v_v) AS k(sid, pname, v)
+        GROUP BY k.sid, k.pname),
     held AS (
-        -- Existing lanes, locked without waiting; made due now.
+        -- Existing lanes, locked without waiting.
         SELECT l.stream_id, l.perspective_name
         FROM wh_perspective_lanes l
         JOIN keys k ON k.sid = l.stream_id AND k.pname = l.perspective_name
         ORDER BY l.stream_id, l.perspective_name
         FOR UPDATE OF l SKIP LOCKED),
     lowered AS (
+        -- Due now only if the new rows may be the head: rows appended behind an existing one
+        -- change nothing about when the lane can next be claimed (its head's own writers keep
+        -- that hint, L2), so a producer appending behind a parked or leased head does not send
+        -- a claim to look at it again.
         UPDATE wh_perspective_lanes l
-        SET due_at = least(l.due_at, now())
+        SET due_at = now()
         FROM held h
+        JOIN keys k ON k.sid = h.stream_id AND k.pname = h.perspective_name
         WHERE l.stream_id = h.stream_id AND l.perspective_name = h.perspective_name
+          AND l.due_at > now()
+          AND (k.min_version IS NULL
+               OR NOT EXISTS (SELECT 1 FROM wh_perspective_events pe
+                              WHERE pe.perspective_name = k.pname AND pe.stream_id = k.sid
+                                AND pe.stream_version < k.min_version))
         RETURNING l.stream_id, l.perspective_name),
     added AS (
         -- Lanes with no row (as this statement sees it): a conflict means someone else has
@@ -1185,8 +1202,11 @@ BEGIN
         ORDER BY k.sid, k.pname
         ON CONFLICT (stream_id, perspective_name) DO NOTHING
         RETURNING l.stream_id, l.perspective_name)
+    -- (every held lane is folded, lowered or not; a data-modifying WITH runs whether or not
+    -- the query reads it)
     SELECT array_agg(d.stream_id), array_agg(d.perspective_name) INTO v_done_s, v_done_p
-    FROM (SELECT * FROM lowered UNION ALL SELECT * FROM added) d;
+    FROM (SELECT h.stream_id, h.perspective_name FROM held h
+          UNION ALL SELECT a.stream_id, a.perspective_name FROM added a) d;
 
     WITH gone AS (
         DELETE FROM wh_lane_wakeups w
@@ -1456,9 +1476,10 @@ CREATE OR REPLACE FUNCTION vantage.wh_perspective_events_wake_lanes()
  SET search_path TO 'vantage', 'pg_temp'
 AS $function$
 BEGIN
-    INSERT INTO wh_lane_wakeups (stream_id, perspective_name)
-    SELECT DISTINCT n.stream_id, n.perspective_name
-    FROM new_rows n;
+    INSERT INTO wh_lane_wakeups (stream_id, perspective_name, min_version)
+    SELECT n.stream_id, n.perspective_name, min(n.stream_version)
+    FROM new_rows n
+    GROUP BY n.stream_id, n.perspective_name;
     RETURN NULL;
 END
 $function$
