@@ -69,6 +69,13 @@ pub struct Daemons {
     metrics_before: measure::MetricsReading,
 }
 
+impl Daemons {
+    /// When they were started: a run's `elapsed` counts from here.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+}
+
 /// Starts `--instances` daemons for `seed`, after reading the counters the run is measured from.
 pub async fn start(bench: &Bench, seed: &Seed) -> Result<Daemons, BenchError> {
     bench.db.settle_stats(bench.config.settle).await;
