@@ -650,24 +650,21 @@ async fn a_head_acquired_for_a_stream_another_loop_holds_is_given_back() {
     };
 
     // Loop 1 claims the row, its apply fails, the row is due again at once.
-    let first = claim_batch(&env.store, instance, &names, &limits, &inflight)
+    let mut first = claim_batch(&env.store, instance, &names, &limits, &inflight, None)
         .await
         .unwrap();
-    assert_eq!(first.reservation.lanes().len(), 1);
-    assert_eq!(first.reservation.lanes()[0].stream_id, stream);
-    let row = first.rows[0].event_work_id;
-    assert!(env
-        .store
-        .record_failure(instance, row, "boom", Duration::ZERO)
-        .await
-        .unwrap());
+    assert_eq!(first.lanes().len(), 1);
+    assert_eq!(first.lanes()[0].stream_id, stream);
+    let row = first.rows()[0].event_work_id;
+    // (through loop 1's lease handle, the one door of its rows)
+    assert!(first.fail_now(row, "boom", Duration::ZERO).await.unwrap());
 
     // Loop 2 claims while loop 1 still holds the stream.
-    let second = claim_batch(&env.store, instance, &names, &limits, &inflight)
+    let second = claim_batch(&env.store, instance, &names, &limits, &inflight, None)
         .await
         .unwrap();
     assert!(
-        second.rows.is_empty(),
+        second.rows().is_empty(),
         "loop 2 must not work on a stream loop 1 holds"
     );
     let leased: Option<Uuid> = sqlx::query_scalar(

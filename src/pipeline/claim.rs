@@ -3,13 +3,13 @@
 //! leases, dead holders) and leases the claimable prefix of each, returning the rows raw; the
 //! lanes are then reserved in this process. No other claim function is on the daemon's path.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::inflight::{InFlight, LaneKey, Reservation};
-use super::lease::give_back_unworked;
-use crate::store::{InstanceId, StoreError, WorkRow, WorkStore};
+use super::inflight::InFlight;
+use super::lease::LeasedBatch;
+use crate::store::{InstanceId, StoreError, WorkStore};
 use crate::telemetry::metrics as m;
 
 /// How much one claim takes.
@@ -23,28 +23,20 @@ pub struct ClaimLimits {
     pub batch_size: u32,
 }
 
-/// The rows of one claim, with the reservation of their lanes.
-#[derive(Debug)]
-pub struct ClaimedBatch {
-    /// Rows leased to us, ordered by stream, perspective, stream_version.
-    pub rows: Vec<WorkRow>,
-    /// Holds the lanes until dropped; the lease handle tracks the rows in it for renewal.
-    pub reservation: Reservation,
-}
-
-/// Claims one batch. Loops of one process claim concurrently: the database hands each lane to
-/// one claimer at a time and never re-leases a row validly leased to us. A lane another loop of
-/// ours still holds can come back here only with rows that loop is done with (a row it failed
-/// that is due again) or whose lease lapsed under it: the first are given back at once with a
-/// refund (that loop will not fetch them again, and a kept lease would stall the lane until it
-/// expires); the second are left to the loop working on them.
+/// Claims one batch and returns its lease handle. Loops of one process claim concurrently: the
+/// database hands each lane to one claimer at a time and never re-leases a row validly leased
+/// to us. A lane another loop of ours still holds can come back here only with rows that loop
+/// is done with (a row it failed that is due again) or whose lease lapsed under it: the handle
+/// gives the first back at once, with a refund, and leaves the second to that loop.
+/// `max_attempts` is for the handle's log lines.
 pub async fn claim_batch<S: WorkStore>(
     store: &S,
     instance: InstanceId,
     perspectives: &[String],
     limits: &ClaimLimits,
     inflight: &Arc<InFlight>,
-) -> Result<ClaimedBatch, StoreError> {
+    max_attempts: Option<u32>,
+) -> Result<LeasedBatch<S>, StoreError> {
     let started = Instant::now();
     let rows = store
         .claim_work(
@@ -55,35 +47,11 @@ pub async fn claim_batch<S: WorkStore>(
             perspectives,
         )
         .await?;
-
-    let mut lanes: Vec<LaneKey> = Vec::new();
-    for r in &rows {
-        let key = LaneKey::of(r);
-        if lanes.last() != Some(&key) {
-            lanes.push(key);
-        }
-    }
-    let (reservation, taken) = inflight.reserve(&lanes);
-    let rows: Vec<WorkRow> = if taken.is_empty() {
-        rows
-    } else {
-        let taken: HashSet<LaneKey> = taken.into_iter().collect();
-        let in_flight: HashSet<uuid::Uuid> = inflight.rows().into_iter().collect();
-        let (theirs, mine): (Vec<WorkRow>, Vec<WorkRow>) = rows
-            .into_iter()
-            .partition(|r| taken.contains(&LaneKey::of(r)));
-        let giveback: Vec<uuid::Uuid> = theirs
-            .iter()
-            .map(|r| r.event_work_id)
-            .filter(|id| !in_flight.contains(id))
-            .collect();
-        give_back_unworked(store, instance, &giveback).await?;
-        mine
-    };
+    let lease = LeasedBatch::take(store.clone(), instance, max_attempts, inflight, rows).await?;
 
     metrics::histogram!(m::CLAIM_DURATION_SECONDS).record(started.elapsed().as_secs_f64());
     let mut claimed: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-    for r in &rows {
+    for r in lease.rows() {
         let entry = claimed.entry(r.perspective_name.as_str()).or_default();
         entry.0 += 1;
         // A claim beyond first delivery and recorded failures: a lapsed or dead holder's
@@ -100,5 +68,5 @@ pub async fn claim_batch<S: WorkStore>(
                 .increment(takeovers);
         }
     }
-    Ok(ClaimedBatch { rows, reservation })
+    Ok(lease)
 }

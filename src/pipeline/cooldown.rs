@@ -1,4 +1,8 @@
-//! Cooldown cache (seed: `RecentlyProcessedEventCache`, SPEC §1.3).
+//! The cooldown stage and its cache (seed: `RecentlyProcessedEventCache`; docs/pipeline.md,
+//! "The cooldown cache").
+//!
+//! The stage, [`cooled`], runs between the envelopes and the apply stage: it says which rows of
+//! the batch were applied recently, and the apply stage completes those without applying them.
 //!
 //! Remembers the `event_work_id`s applied recently so that a row claimed again before its
 //! completion became visible (completion lost, or still in flight) is completed without being
@@ -17,6 +21,21 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
+
+/// The cooldown stage: which of `events` were applied recently (looked up under one lock).
+/// Without a cache (disabled), none.
+pub fn cooled(
+    cache: Option<&CooldownCache>,
+    events: &[crate::perspective::EventEnvelope],
+) -> std::collections::HashSet<Uuid> {
+    match cache {
+        Some(cache) => cache
+            .cooled_among(events.iter().map(|e| e.event_work_id))
+            .into_iter()
+            .collect(),
+        None => Default::default(),
+    }
+}
 
 /// A source of monotonic time, injected so tests can move time by hand.
 pub trait Clock: Send + Sync {

@@ -5,8 +5,35 @@
 
 use uuid::Uuid;
 
+use super::lease::LeasedBatch;
 pub use crate::perspective::EventEnvelope;
-use crate::store::WorkRow;
+use crate::store::{MoveOutcome, StoreError, WorkRow, WorkStore, FAILURE_PERMANENT};
+
+/// The envelope stage: the typed envelopes of `rows`, in order. A row that cannot become one
+/// is dead-lettered at once through the lease handle (it never will); returns the envelopes and
+/// how many rows were moved. A failed move fails the stage (the caller gives the batch back).
+pub async fn open<S: WorkStore>(
+    lease: &mut LeasedBatch<S>,
+    rows: Vec<WorkRow>,
+) -> Result<(Vec<EventEnvelope>, usize), StoreError> {
+    let mut envelopes = Vec::with_capacity(rows.len());
+    let mut moved = 0;
+    for row in rows {
+        let work_id = row.event_work_id;
+        match from_row(row) {
+            Ok(envelope) => envelopes.push(envelope),
+            Err(error) => {
+                let outcome = lease
+                    .dead_letter_now(work_id, FAILURE_PERMANENT, &error.to_string())
+                    .await?;
+                if let MoveOutcome::Moved(_) = outcome {
+                    moved += 1;
+                }
+            }
+        }
+    }
+    Ok((envelopes, moved))
+}
 
 /// Why a row could not become an envelope. Never transient: such a row is dead-lettered at once.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -1,15 +1,20 @@
-//! What this process is working on right now.
+//! What this process holds right now: the one record of lease ownership.
 //!
 //! All consumer loops of a process share one lease holder id, so the database cannot tell them
-//! apart: a lane is reserved here by one loop at a time, and the rows in flight are listed so
-//! the renewal loop can keep their leases alive while a slow apply runs.
+//! apart. This registry can: each lane is reserved by one loop at a time, and each work row
+//! leased to the process is recorded here once, with the batch that holds it and whether a
+//! handler has seen it. The lease handle ([`LeasedBatch`](super::lease::LeasedBatch)) reads and
+//! changes its rows only through this record; the renewal loop keeps the leases of every row
+//! recorded alive; at shutdown the record says which rows were started (given back without a
+//! refund) and which server processes run batch transactions (cancelled).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use uuid::Uuid;
 
-use crate::store::WorkRow;
+use crate::store::{InstanceId, StoreError, WorkRow, WorkStore};
 
 /// A lane: (stream, perspective).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -30,21 +35,47 @@ impl LaneKey {
     }
 }
 
-/// Lanes reserved by consumer loops and work rows in flight, for one process.
+/// What is recorded of a row leased to this process (its log lines need the rest).
+#[derive(Clone, Debug)]
+pub(crate) struct Held {
+    /// The batch holding it.
+    batch: u64,
+    pub(crate) perspective: String,
+    pub(crate) stream_id: Uuid,
+    pub(crate) event_id: Uuid,
+    pub(crate) global_position: i64,
+    pub(crate) attempts: i32,
+    pub(crate) failures: i32,
+    /// Handed to a handler at least once under this lease (no refund when given back).
+    pub(crate) started: bool,
+}
+
+/// Lanes reserved by consumer loops and work rows leased to this process.
 #[derive(Debug, Default)]
 pub struct InFlight {
     inner: Mutex<Inner>,
+    next_batch: AtomicU64,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     lanes: HashSet<LaneKey>,
-    rows: HashSet<Uuid>,
-    /// Rows a handler has seen under their current lease (given back without a refund).
-    started: HashSet<Uuid>,
+    rows: HashMap<Uuid, Held>,
     /// Server processes running a batch transaction right now (cancelled at an abandoned
     /// shutdown so their transactions roll back and release their locks).
     backends: HashSet<i32>,
+}
+
+/// The rows one claim recorded for a batch, and those it must give back at once.
+pub(crate) struct Recorded {
+    pub(crate) batch: u64,
+    pub(crate) lanes: Vec<LaneKey>,
+    /// Rows of lanes another loop of ours holds, not in flight there: leased to us by this
+    /// claim, recorded for this batch, to be given back unworked.
+    pub(crate) give_back: Vec<Uuid>,
+    /// Rows of lanes another loop holds that are in flight there (their lease lapsed under it
+    /// and this claim re-leased them): that loop's, left to it.
+    pub(crate) theirs: HashSet<Uuid>,
 }
 
 impl InFlight {
@@ -57,42 +88,163 @@ impl InFlight {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Reserves the lanes not already reserved by another loop. Returns the reservation
-    /// (released on drop) and the lanes that were taken.
-    pub fn reserve(self: &Arc<Self>, lanes: &[LaneKey]) -> (Reservation, Vec<LaneKey>) {
+    /// Records the rows of one claim for a new batch, under one lock: the lanes no other loop
+    /// reserves are reserved for it; rows of lanes another loop reserves are recorded too
+    /// unless that loop has them in flight.
+    pub(crate) fn record(&self, rows: &[WorkRow]) -> Recorded {
+        let batch = self.next_batch.fetch_add(1, Ordering::Relaxed);
         let mut inner = self.lock();
-        let mut mine = Vec::new();
-        let mut taken = Vec::new();
-        for l in lanes {
-            if inner.lanes.insert(l.clone()) {
-                mine.push(l.clone());
-            } else if !mine.contains(l) {
-                taken.push(l.clone());
+        let mut lanes: Vec<LaneKey> = Vec::new();
+        let mut taken: Vec<LaneKey> = Vec::new();
+        let mut give_back = Vec::new();
+        let mut theirs = HashSet::new();
+        let mut last: Option<(LaneKey, bool)> = None;
+        for row in rows {
+            let mine = match &last {
+                Some((key, mine))
+                    if key.stream_id == row.stream_id
+                        && key.perspective == row.perspective_name =>
+                {
+                    *mine
+                }
+                _ => {
+                    let key = LaneKey::of(row);
+                    let mine = if lanes.contains(&key) {
+                        true
+                    } else if taken.contains(&key) || !inner.lanes.insert(key.clone()) {
+                        if !taken.contains(&key) {
+                            taken.push(key.clone());
+                        }
+                        false
+                    } else {
+                        lanes.push(key.clone());
+                        true
+                    };
+                    last = Some((key, mine));
+                    mine
+                }
+            };
+            let id = row.event_work_id;
+            if !mine {
+                if inner.rows.contains_key(&id) {
+                    theirs.insert(id);
+                    continue;
+                }
+                give_back.push(id);
+            }
+            inner.rows.insert(
+                id,
+                Held {
+                    batch,
+                    perspective: row.perspective_name.clone(),
+                    stream_id: row.stream_id,
+                    event_id: row.event_id,
+                    global_position: row.global_position,
+                    attempts: row.attempts,
+                    failures: row.failures,
+                    started: false,
+                },
+            );
+        }
+        Recorded {
+            batch,
+            lanes,
+            give_back,
+            theirs,
+        }
+    }
+
+    /// Whether `batch` holds `id`.
+    pub(crate) fn holds(&self, batch: u64, id: Uuid) -> bool {
+        self.lock().rows.get(&id).is_some_and(|h| h.batch == batch)
+    }
+
+    /// How many rows `batch` holds.
+    pub(crate) fn held_by(&self, batch: u64) -> usize {
+        self.lock()
+            .rows
+            .values()
+            .filter(|h| h.batch == batch)
+            .count()
+    }
+
+    /// The rows `batch` holds.
+    pub(crate) fn rows_of(&self, batch: u64) -> Vec<Uuid> {
+        self.lock()
+            .rows
+            .iter()
+            .filter(|(_, h)| h.batch == batch)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Splits the rows of `ids` that `batch` holds into (started, unstarted).
+    pub(crate) fn split_started(&self, batch: u64, ids: &[Uuid]) -> (Vec<Uuid>, Vec<Uuid>) {
+        let inner = self.lock();
+        let mut started = Vec::new();
+        let mut unstarted = Vec::new();
+        for id in ids {
+            match inner.rows.get(id) {
+                Some(h) if h.batch == batch && h.started => started.push(*id),
+                Some(h) if h.batch == batch => unstarted.push(*id),
+                _ => {}
             }
         }
-        (
-            Reservation {
-                owner: Arc::clone(self),
-                lanes: mine,
-                rows: Vec::new(),
-            },
-            taken,
-        )
+        (started, unstarted)
     }
 
-    /// Work rows currently in flight (their leases are renewed).
+    /// Marks rows of `batch` as seen by a handler (or not, `started = false`: handed over
+    /// again later).
+    pub(crate) fn set_started(
+        &self,
+        batch: u64,
+        ids: impl IntoIterator<Item = Uuid>,
+        started: bool,
+    ) {
+        let mut inner = self.lock();
+        for id in ids {
+            if let Some(h) = inner.rows.get_mut(&id) {
+                if h.batch == batch {
+                    h.started = started;
+                }
+            }
+        }
+    }
+
+    /// Forgets rows of `batch` that are settled; returns what was recorded of each (None for a
+    /// row the batch did not hold), in order.
+    pub(crate) fn forget(&self, batch: u64, ids: &[Uuid]) -> Vec<Option<Held>> {
+        let mut inner = self.lock();
+        ids.iter()
+            .map(|id| match inner.rows.get(id) {
+                Some(h) if h.batch == batch => inner.rows.remove(id),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The batch is over: its lanes are free and whatever it still recorded is forgotten (its
+    /// leases lapse, or were given back).
+    pub(crate) fn end(&self, batch: u64, lanes: &[LaneKey]) {
+        let mut inner = self.lock();
+        for l in lanes {
+            inner.lanes.remove(l);
+        }
+        inner.rows.retain(|_, h| h.batch != batch);
+    }
+
+    /// Work rows currently leased to this process (their leases are renewed).
     pub fn rows(&self) -> Vec<Uuid> {
-        self.lock().rows.iter().copied().collect()
+        self.lock().rows.keys().copied().collect()
     }
 
-    /// Rows in flight that a handler has seen.
+    /// Rows leased to this process that a handler has seen.
     pub fn started_rows(&self) -> Vec<Uuid> {
-        let inner = self.lock();
-        inner
-            .started
+        self.lock()
+            .rows
             .iter()
-            .filter(|r| inner.rows.contains(r))
-            .copied()
+            .filter(|(_, h)| h.started)
+            .map(|(id, _)| *id)
             .collect()
     }
 
@@ -114,46 +266,64 @@ impl InFlight {
     pub fn lanes_reserved(&self) -> usize {
         self.lock().lanes.len()
     }
+
+    /// Takes the leases of batches abandoned at shutdown out of the record at once (before their
+    /// tasks are aborted): [`Abandoned`] then cancels their statements and gives their started
+    /// rows back. The one owner of leases once no batch does.
+    pub fn abandon(&self) -> Abandoned {
+        let mut inner = self.lock();
+        let started = inner
+            .rows
+            .iter()
+            .filter(|(_, h)| h.started)
+            .map(|(id, _)| *id)
+            .collect();
+        inner.rows.clear();
+        Abandoned {
+            started,
+            backends: inner.backends.iter().copied().collect(),
+        }
+    }
 }
 
-/// Lanes (and their rows in flight) held by one consumer loop; released on drop, so a loop
-/// that errors out can never leave a lane reserved.
+/// What abandoned batches held: their server processes and the rows their handlers saw.
 #[derive(Debug)]
-pub struct Reservation {
-    owner: Arc<InFlight>,
-    lanes: Vec<LaneKey>,
-    rows: Vec<Uuid>,
+pub struct Abandoned {
+    started: Vec<Uuid>,
+    backends: Vec<i32>,
 }
 
-impl Reservation {
-    /// The reserved lanes.
-    pub fn lanes(&self) -> &[LaneKey] {
-        &self.lanes
+impl Abandoned {
+    /// Cancels the statements the abandoned batches run, so their transactions roll back and
+    /// release their locks.
+    pub async fn cancel_statements<S: WorkStore>(&self, store: &S) {
+        for pid in &self.backends {
+            if let Err(error) = store.cancel_backend(*pid).await {
+                tracing::debug!(%error, pid, "could not cancel a batch statement");
+            }
+        }
     }
 
-    /// Lists rows as in flight (leases renewed until the reservation is dropped or they are done).
-    pub fn track_rows(&mut self, rows: &[Uuid]) {
-        let mut inner = self.owner.lock();
-        inner.rows.extend(rows.iter().copied());
-        drop(inner);
-        self.rows.extend_from_slice(rows);
+    /// Gives back the rows a handler saw, without a refund (the attempt was used), fenced on
+    /// `instance`; counted once it is done. Returns how many were still ours.
+    pub async fn give_back<S: WorkStore>(
+        &self,
+        store: &S,
+        instance: InstanceId,
+    ) -> Result<u64, StoreError> {
+        if self.started.is_empty() {
+            return Ok(0);
+        }
+        let released = store.release_started(instance, &self.started).await?;
+        count_released(released);
+        Ok(released)
     }
+}
 
-    /// A row is done with (completed, failed, dead-lettered or given back): no more renewal.
-    pub fn untrack(&mut self, row: &Uuid) {
-        let mut inner = self.owner.lock();
-        inner.rows.remove(row);
-        inner.started.remove(row);
-    }
-
-    /// A handler is about to see this row.
-    pub fn mark_started(&mut self, row: Uuid) {
-        self.owner.lock().started.insert(row);
-    }
-
-    /// Undoes [`mark_started`](Self::mark_started): the row is handed over again later.
-    pub fn unmark_started(&mut self, row: &Uuid) {
-        self.owner.lock().started.remove(row);
+/// Counts rows given back (once each, after the give-back committed).
+pub(crate) fn count_released(n: u64) {
+    if n > 0 {
+        metrics::counter!(crate::telemetry::metrics::LEASES_RELEASED_TOTAL).increment(n);
     }
 }
 
@@ -177,47 +347,52 @@ impl Drop for BackendGuard {
     }
 }
 
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        let mut inner = self.owner.lock();
-        for l in &self.lanes {
-            inner.lanes.remove(l);
-        }
-        for r in &self.rows {
-            inner.rows.remove(r);
-            inner.started.remove(r);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn lane(perspective: &str, stream_id: Uuid) -> LaneKey {
-        LaneKey {
+    fn row(perspective: &str, stream_id: Uuid) -> WorkRow {
+        WorkRow {
+            event_work_id: Uuid::new_v4(),
             stream_id,
-            perspective: perspective.to_string(),
+            event_id: Uuid::new_v4(),
+            perspective_name: perspective.to_string(),
+            global_position: 1,
+            stream_version: 1,
+            event_type: Some("T".into()),
+            event_data: None,
+            metadata: None,
+            attempts: 1,
+            failures: 0,
         }
     }
 
     #[test]
-    fn a_lane_is_reserved_by_one_loop_at_a_time() {
+    fn a_lane_is_reserved_by_one_loop_at_a_time_and_a_row_is_recorded_once() {
         let inflight = InFlight::new();
         let s = Uuid::new_v4();
-        let (a, b) = (lane("P", s), lane("Q", s));
-        let (mut first, taken) = inflight.reserve(std::slice::from_ref(&a));
-        assert!(taken.is_empty());
-        first.track_rows(&[Uuid::new_v4()]);
-        // Another perspective's lane of the same stream is another lane.
-        let (second, taken) = inflight.reserve(&[a.clone(), b.clone()]);
-        assert_eq!(taken, vec![a.clone()]);
-        assert_eq!(second.lanes(), &[b]);
-        assert_eq!(inflight.rows().len(), 1);
-        drop(first);
+        let a = row("P", s);
+        let first = inflight.record(std::slice::from_ref(&a));
+        assert!(first.give_back.is_empty());
+        assert_eq!(first.lanes.len(), 1);
+        // Another perspective's lane of the same stream is another lane; a row of a lane the
+        // first batch holds is recorded for the second only to be given back.
+        let a_again = row("P", s);
+        let b = row("Q", s);
+        let second = inflight.record(&[a_again.clone(), b.clone()]);
+        assert_eq!(second.give_back, vec![a_again.event_work_id]);
+        assert_eq!(second.lanes, vec![LaneKey::of(&b)]);
+        // The first batch's own row, re-leased by the second claim, stays the first batch's.
+        let third = inflight.record(std::slice::from_ref(&a));
+        assert!(third.theirs.contains(&a.event_work_id));
+        assert!(inflight.holds(first.batch, a.event_work_id));
+        assert!(!inflight.holds(third.batch, a.event_work_id));
+        assert_eq!(inflight.rows().len(), 3);
+        inflight.end(first.batch, &first.lanes);
+        inflight.end(third.batch, &third.lanes);
+        assert_eq!(inflight.rows().len(), 2);
+        inflight.end(second.batch, &second.lanes);
         assert!(inflight.rows().is_empty());
-        let (third, taken) = inflight.reserve(std::slice::from_ref(&a));
-        assert!(taken.is_empty());
-        assert_eq!(third.lanes(), &[a]);
+        assert_eq!(inflight.lanes_reserved(), 0);
     }
 }

@@ -1,52 +1,30 @@
-//! The lease handle: the one owner of the rows a claim leased to us.
+//! The lease handle: the one door of the rows a claim leased to us.
 //!
-//! Every state change of a claimed row (complete, fail, dead-letter, release) goes through a
-//! [`LeasedBatch`]. Each change is fenced on our instance id in SQL, checks what it changed, and
-//! logs and counts itself exactly once, after it is durable: a change made inside the batch's
-//! transaction is only *staged* ([`Staged`]) and reported by [`LeasedBatch::committed`] once the
-//! transaction has committed; a change made on its own statement is reported at once. Renewal
-//! is the background loop's job, through the [`Reservation`] the handle keeps alive.
+//! The claim returns a [`LeasedBatch`]; every state change of its rows (complete, fail,
+//! dead-letter, release, note, the give-back of rows another loop's lane holds) is a method of
+//! it. Each change is fenced on our instance id in SQL, checks what it changed, and logs and
+//! counts itself exactly once, after it is durable: a change made inside the batch's transaction
+//! is only *staged* ([`Staged`]) and reported by [`LeasedBatch::committed`] once the transaction
+//! has committed; a change made on its own statement is reported at once. Which rows the batch
+//! holds is recorded once, in the process's [`InFlight`] record (which the renewal loop reads);
+//! dropping the handle frees its lanes. At shutdown the record itself gives back what abandoned
+//! batches held ([`InFlight::abandon`]).
 //!
-//! Refunds follow SPEC §1.1 exactly: a row no handler saw goes back with a refund of the bump its
-//! claim made (SQL knows whether there was one); a row a handler saw goes back without one.
+//! Refunds follow docs/pipeline.md ("Attempts") exactly: a row no handler saw goes back with a
+//! refund of the bump its claim made (SQL knows whether there was one); a row a handler saw
+//! goes back without one.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::inflight::Reservation;
+use super::inflight::{count_released, Held, InFlight, LaneKey};
 use crate::store::{
     InstanceId, MoveOutcome, StatementBatch, StoreError, WorkRow, WorkStore, WorkTx,
 };
 use crate::telemetry::metrics as m;
-
-/// What the handle remembers of a leased row, for its log lines.
-#[derive(Clone, Debug)]
-struct Held {
-    perspective: String,
-    stream_id: Uuid,
-    event_id: Uuid,
-    global_position: i64,
-    attempts: i32,
-    failures: i32,
-    /// Handed to a handler at least once under this lease (no refund when given back).
-    started: bool,
-}
-
-impl Held {
-    fn of(row: &WorkRow) -> Self {
-        Held {
-            perspective: row.perspective_name.clone(),
-            stream_id: row.stream_id,
-            event_id: row.event_id,
-            global_position: row.global_position,
-            attempts: row.attempts,
-            failures: row.failures,
-            started: false,
-        }
-    }
-}
 
 /// A failure recorded inside a transaction, reported after it commits.
 #[derive(Clone, Debug)]
@@ -89,31 +67,58 @@ pub struct LeasedBatch<S: WorkStore> {
     store: S,
     instance: InstanceId,
     max_attempts: Option<u32>,
-    held: HashMap<Uuid, Held>,
-    reservation: Reservation,
+    inflight: Arc<InFlight>,
+    /// This batch's key in the record.
+    batch: u64,
+    /// The lanes reserved for this batch (freed on drop).
+    lanes: Vec<LaneKey>,
+    /// The claimed rows, until the pipeline takes them.
+    rows: Vec<WorkRow>,
 }
 
 impl<S: WorkStore> LeasedBatch<S> {
-    /// Takes ownership of `rows` (leased to `instance`), tracked for renewal by `reservation`.
-    pub fn new(
+    /// Takes ownership of the rows one claim leased to `instance`: records them in `inflight`,
+    /// reserving their lanes, and gives back at once (unstarted, with a refund) the rows of
+    /// lanes another loop of ours holds: that loop will not fetch them again, and a kept lease
+    /// would stall the lane until it expires. Rows that loop has in flight (their lease lapsed
+    /// under it) are its own and left to it.
+    pub(crate) async fn take(
         store: S,
         instance: InstanceId,
         max_attempts: Option<u32>,
-        rows: &[WorkRow],
-        mut reservation: Reservation,
-    ) -> Self {
-        let ids: Vec<Uuid> = rows.iter().map(|r| r.event_work_id).collect();
-        reservation.track_rows(&ids);
-        LeasedBatch {
+        inflight: &Arc<InFlight>,
+        rows: Vec<WorkRow>,
+    ) -> Result<Self, StoreError> {
+        let recorded = inflight.record(&rows);
+        let mut lease = LeasedBatch {
             store,
             instance,
             max_attempts,
-            held: rows
-                .iter()
-                .map(|r| (r.event_work_id, Held::of(r)))
-                .collect(),
-            reservation,
+            inflight: Arc::clone(inflight),
+            batch: recorded.batch,
+            lanes: recorded.lanes,
+            rows: Vec::new(),
+        };
+        if recorded.give_back.is_empty() && recorded.theirs.is_empty() {
+            lease.rows = rows;
+            return Ok(lease);
         }
+        lease.release(&recorded.give_back).await?;
+        lease.rows = rows
+            .into_iter()
+            .filter(|r| lease.holds(r.event_work_id))
+            .collect();
+        Ok(lease)
+    }
+
+    /// The claimed rows, for the stages after the claim (once: later calls return nothing).
+    pub fn take_rows(&mut self) -> Vec<WorkRow> {
+        std::mem::take(&mut self.rows)
+    }
+
+    /// The claimed rows not yet taken.
+    pub fn rows(&self) -> &[WorkRow] {
+        &self.rows
     }
 
     /// Our lease holder id.
@@ -121,41 +126,38 @@ impl<S: WorkStore> LeasedBatch<S> {
         self.instance
     }
 
+    /// The lanes this batch reserves in the process.
+    pub fn lanes(&self) -> &[LaneKey] {
+        &self.lanes
+    }
+
     /// Rows still ours.
     pub fn held(&self) -> usize {
-        self.held.len()
+        self.inflight.held_by(self.batch)
     }
 
     /// Whether this row is still ours (not completed, failed, dead-lettered or given back).
     pub fn holds(&self, id: Uuid) -> bool {
-        self.held.contains_key(&id)
+        self.inflight.holds(self.batch, id)
     }
 
     /// Records that a handler is about to see these rows: from now on they are not refunded.
-    pub fn mark_started(&mut self, id: Uuid) {
-        if let Some(h) = self.held.get_mut(&id) {
-            if !h.started {
-                h.started = true;
-                self.reservation.mark_started(id);
-            }
-        }
+    pub fn mark_started(&mut self, ids: impl IntoIterator<Item = Uuid>) {
+        self.inflight.set_started(self.batch, ids, true);
     }
 
-    /// Undoes [`mark_started`](Self::mark_started) for a row whose handler call failed as a
-    /// whole and that is handed over again (the careful pass marks it when it does): until
-    /// then, it is given back with a refund.
-    pub fn unmark_started(&mut self, id: Uuid) {
-        if let Some(h) = self.held.get_mut(&id) {
-            if h.started {
-                h.started = false;
-                self.reservation.unmark_started(&id);
-            }
-        }
+    /// Undoes [`mark_started`](Self::mark_started) for rows whose handler call failed as a
+    /// whole and that are handed over again (the careful pass marks each when it does): until
+    /// then, they are given back with a refund.
+    pub fn unmark_started(&mut self, ids: impl IntoIterator<Item = Uuid>) {
+        self.inflight.set_started(self.batch, ids, false);
     }
 
     fn forget(&mut self, id: &Uuid) -> Option<Held> {
-        self.reservation.untrack(id);
-        self.held.remove(id)
+        self.inflight
+            .forget(self.batch, std::slice::from_ref(id))
+            .pop()
+            .flatten()
     }
 
     // ---- changes on their own statement: durable at once, reported at once -------------------
@@ -249,11 +251,7 @@ impl<S: WorkStore> LeasedBatch<S> {
     /// Gives rows back now: those no handler saw with a refund of their claim's bump, the
     /// others without. Returns how many were still ours.
     pub async fn release(&mut self, ids: &[Uuid]) -> Result<u64, StoreError> {
-        let (started, unstarted): (Vec<Uuid>, Vec<Uuid>) = ids
-            .iter()
-            .copied()
-            .filter(|id| self.held.contains_key(id))
-            .partition(|id| self.held[id].started);
+        let (started, unstarted) = self.inflight.split_started(self.batch, ids);
         let mut released = 0;
         if !unstarted.is_empty() {
             released += self
@@ -264,9 +262,8 @@ impl<S: WorkStore> LeasedBatch<S> {
         if !started.is_empty() {
             released += self.store.release_started(self.instance, &started).await?;
         }
-        for id in started.iter().chain(&unstarted) {
-            self.forget(id);
-        }
+        self.inflight.forget(self.batch, &started);
+        self.inflight.forget(self.batch, &unstarted);
         count_released(released);
         Ok(released)
     }
@@ -274,7 +271,7 @@ impl<S: WorkStore> LeasedBatch<S> {
     /// Gives back every row still ours (the end of a batch, or a batch that failed as a whole).
     /// Best effort: if the database is gone the leases lapse and we re-lease them ourselves.
     pub async fn release_all(&mut self) {
-        let ids: Vec<Uuid> = self.held.keys().copied().collect();
+        let ids = self.inflight.rows_of(self.batch);
         if ids.is_empty() {
             return;
         }
@@ -372,11 +369,7 @@ impl<S: WorkStore> LeasedBatch<S> {
         staged: &mut Staged,
         ids: &[Uuid],
     ) -> Result<(), StoreError> {
-        let (started, unstarted): (Vec<Uuid>, Vec<Uuid>) = ids
-            .iter()
-            .copied()
-            .filter(|id| self.held.contains_key(id))
-            .partition(|id| self.held[id].started);
+        let (started, unstarted) = self.inflight.split_started(self.batch, ids);
         let mut n = tx.release_unstarted(self.instance, &unstarted).await?;
         n += tx.release_started(self.instance, &started).await?;
         // Rows no longer ours are not ours to report; which ones is not worth a round trip.
@@ -389,9 +382,7 @@ impl<S: WorkStore> LeasedBatch<S> {
     /// The transaction holding `staged` has committed: forget its rows, log and count its
     /// changes, once.
     pub fn committed(&mut self, staged: Staged) {
-        for id in &staged.completed {
-            self.forget(id);
-        }
+        self.inflight.forget(self.batch, &staged.completed);
         let mut failed = Vec::new();
         for f in &staged.failed {
             if let Some(h) = self.forget(&f.id) {
@@ -411,9 +402,7 @@ impl<S: WorkStore> LeasedBatch<S> {
                 );
             }
         }
-        for id in &staged.released {
-            self.forget(id);
-        }
+        self.inflight.forget(self.batch, &staged.released);
         count_released(staged.released.len() as u64);
     }
 
@@ -432,12 +421,7 @@ impl<S: WorkStore> LeasedBatch<S> {
         for mv in staged.moved {
             self.dead_letter_now(mv.id, &mv.reason, &mv.error).await?;
         }
-        let rest: Vec<Uuid> = rows
-            .iter()
-            .copied()
-            .filter(|id| self.held.contains_key(id))
-            .collect();
-        self.release(&rest).await?;
+        self.release(rows).await?;
         Ok(())
     }
 }
@@ -467,14 +451,8 @@ fn count_failures<'a>(failed: impl Iterator<Item = &'a Held>) {
     }
 }
 
-fn count_released(n: u64) {
-    if n > 0 {
-        metrics::counter!(m::LEASES_RELEASED_TOTAL).increment(n);
-    }
-}
-
-/// The one WARN line of a dead-letter move (SPEC §5: perspective, stream, event, global
-/// position, attempts and max), and its metric.
+/// The one WARN line of a dead-letter move (docs/operations.md, "Logs and metrics":
+/// perspective, stream, event, global position, attempts and max), and its metric.
 fn log_dead_letter(
     h: &Held,
     max_attempts: Option<u32>,
@@ -500,17 +478,10 @@ fn log_dead_letter(
     .increment(1);
 }
 
-/// Gives back rows a claim leased that no batch will work on (their lane is reserved by another
-/// loop of ours): unstarted, with a refund of their claim's bump.
-pub async fn give_back_unworked<S: WorkStore>(
-    store: &S,
-    instance: InstanceId,
-    ids: &[Uuid],
-) -> Result<u64, StoreError> {
-    if ids.is_empty() {
-        return Ok(0);
+impl<S: WorkStore> Drop for LeasedBatch<S> {
+    /// Frees the batch's lanes; whatever it still recorded is forgotten (given back by
+    /// [`LeasedBatch::release_all`] before, or left to lapse).
+    fn drop(&mut self) {
+        self.inflight.end(self.batch, &self.lanes);
     }
-    let released = store.release_unstarted(instance, ids).await?;
-    count_released(released);
-    Ok(released)
 }

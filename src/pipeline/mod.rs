@@ -1,13 +1,19 @@
-//! The drain pipeline, one stage per module, in the order an event goes through them:
+//! The drain pipeline, one stage per module, in the order an event goes through them
+//! ([`Pipeline::drain_once_unless`] calls them in this order):
 //!
-//! 1. [`claim`]: acquire lanes and fetch their rows raw (`get_stream_events`, one call; orphaned
-//!    lanes included);
+//! 1. [`claim`]: acquire lanes and lease their rows (`get_stream_events`, one call; orphaned
+//!    lanes included), returning the [`lease`] handle, the one door of every change to them;
 //! 2. [`dlq_filter`]: rows claimed more than `max_perspective_event_attempts` times go to the
 //!    dead letters, before any deserialization;
-//! 3. [`envelope`]: survivors become typed [`EventEnvelope`](crate::perspective::EventEnvelope)s;
-//! 4. [`cooldown`]: recently applied work ids are completed, not re-applied (inside apply);
-//! 5. [`apply`]: handlers run in stream order per lane; success completes the row in the same
-//!    transaction, failure parks it with [`backoff`].
+//! 3. [`envelope`]: survivors become typed [`EventEnvelope`](crate::perspective::EventEnvelope)s
+//!    (a row whose event vanished is dead-lettered);
+//! 4. [`cooldown`]: which rows were applied recently (completed, not re-applied);
+//! 5. [`apply`]: handlers run in stream order per lane and decide each event: applied, failed
+//!    with a [`backoff`], dead-lettered, skipped;
+//! 6. [`settle`]: each pass's decisions become durable through the lease handle, in the same
+//!    transaction as the handlers' writes; at the end whatever is still ours goes back.
+//!
+//! [`inflight`] is the process's one record of which rows and lanes its batches hold.
 
 pub mod apply;
 pub mod backoff;
@@ -17,19 +23,19 @@ pub mod dlq_filter;
 pub mod envelope;
 pub mod inflight;
 pub mod lease;
+pub mod settle;
 
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
 use self::apply::{ApplyBatchError, ApplyContext, BatchOutcome};
-use self::claim::{ClaimLimits, ClaimedBatch};
+use self::claim::ClaimLimits;
 use self::dlq_filter::DeadLetterSink;
 use self::inflight::InFlight;
-use self::lease::LeasedBatch;
 use crate::config::WorkerSettings;
 use crate::perspective::PerspectiveRegistry;
-use crate::store::{InstanceId, MoveOutcome, Store, StoreError, WorkStore, FAILURE_PERMANENT};
+use crate::store::{InstanceId, Store, StoreError, WorkStore};
 
 /// What one pass of the pipeline did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -122,7 +128,7 @@ impl<S: WorkStore> Pipeline<S> {
         }
     }
 
-    /// One pass: claim → DLQ filter → envelope → (cooldown, apply, complete).
+    /// One pass: claim → DLQ filter → envelope → cooldown → apply → settle.
     pub async fn drain_once(&self) -> Result<DrainOutcome, DrainError> {
         self.drain_once_unless(&CancellationToken::new()).await
     }
@@ -134,19 +140,21 @@ impl<S: WorkStore> Pipeline<S> {
         stop: &CancellationToken,
     ) -> Result<DrainOutcome, DrainError> {
         let ctx = &self.ctx;
+        // 1. Claim: the lease handle owns the rows from here on.
         let claim = claim::claim_batch(
             &ctx.store,
             ctx.instance,
             &self.perspectives,
             &self.limits,
             &self.inflight,
+            ctx.max_attempts,
         );
-        let claimed = tokio::select! {
+        let mut lease = tokio::select! {
             biased;
             _ = stop.cancelled() => return Ok(DrainOutcome::default()),
-            claimed = claim => claimed,
+            claimed = claim => claimed.map_err(DrainError::Claim)?,
         };
-        let ClaimedBatch { rows, reservation } = claimed.map_err(DrainError::Claim)?;
+        let rows = lease.take_rows();
         let mut outcome = DrainOutcome {
             claimed: rows.len(),
             ..DrainOutcome::default()
@@ -154,14 +162,8 @@ impl<S: WorkStore> Pipeline<S> {
         if rows.is_empty() {
             return Ok(outcome);
         }
-        let mut lease = LeasedBatch::new(
-            ctx.store.clone(),
-            ctx.instance,
-            ctx.max_attempts,
-            &rows,
-            reservation,
-        );
 
+        // 2. DLQ pre-filter.
         let sink: Option<&mut dyn DeadLetterSink> = if self.dead_letters_enabled {
             Some(&mut lease)
         } else {
@@ -170,30 +172,27 @@ impl<S: WorkStore> Pipeline<S> {
         let filtered = dlq_filter::filter_dead_lettered(rows, ctx.max_attempts, sink).await;
         outcome.dead_lettered_max_attempts = filtered.moved;
 
-        let mut envelopes = Vec::with_capacity(filtered.survivors.len());
-        for row in filtered.survivors {
-            let work_id = row.event_work_id;
-            match envelope::from_row(row) {
-                Ok(envelope) => envelopes.push(envelope),
-                Err(error) => {
-                    match lease
-                        .dead_letter_now(work_id, FAILURE_PERMANENT, &error.to_string())
-                        .await
-                    {
-                        Ok(MoveOutcome::Moved(_)) => outcome.dead_lettered_unreadable += 1,
-                        Ok(MoveOutcome::AlreadyGone) => {}
-                        Err(e) => {
-                            lease.release_all().await;
-                            return Err(DrainError::DeadLetter(e));
-                        }
-                    }
-                }
+        // 3. Envelopes.
+        let envelopes = match envelope::open(&mut lease, filtered.survivors).await {
+            Ok((envelopes, unreadable)) => {
+                outcome.dead_lettered_unreadable = unreadable;
+                envelopes
             }
-        }
+            Err(e) => {
+                settle::give_back_rest(&mut lease).await;
+                return Err(DrainError::DeadLetter(e));
+            }
+        };
 
-        let result = apply::apply_batch(ctx, &mut lease, envelopes).await;
-        // Whatever is still ours (nothing, unless the batch failed as a whole) goes back.
-        lease.release_all().await;
+        // 4. Cooldown.
+        let cooled = cooldown::cooled(ctx.cooldown.as_deref(), &envelopes);
+
+        // 5. Apply (each pass settled by 6. in its transaction).
+        let result = apply::apply_batch(ctx, &mut lease, envelopes, cooled).await;
+
+        // 6. Settle the rest: whatever is still ours (nothing, unless the batch failed as a
+        // whole) goes back.
+        settle::give_back_rest(&mut lease).await;
         outcome.batch = result?;
         Ok(outcome)
     }

@@ -21,29 +21,40 @@
 //! the same way every time is eventually charged and dead-lettered, whatever its code. Lock
 //! conflicts are retried uncharged a few times, then charged too.
 //!
-//! Every change to a leased row goes through the lease handle ([`LeasedBatch`]), which reports
-//! it once it is durable.
+//! The apply stage *decides* (per event: applied, failed with a backoff, dead-letter, skip);
+//! the settle stage ([`crate::pipeline::settle`]) hands each pass's decisions to the lease
+//! handle ([`LeasedBatch`]) in the pass's transaction, which reports them once durable.
 //!
-//! The cooldown cache is checked before each apply and marked right after a successful one.
-//! For perspectives whose effects all go through the transaction, a rolled-back mark is
-//! forgotten again (their effects were rolled back too).
+//! Which rows to skip (cooled) the cooldown stage said before; a successful apply is marked in
+//! the cache right after it. For perspectives whose effects all go through the transaction, a
+//! rolled-back mark is forgotten again (their effects were rolled back too); an effect outside
+//! it stays done, so a later pass of the batch skips its row.
+//!
+//! The files: [`fast`](self) (the optimistic pass), `careful` (a savepoint per event), `judge`
+//! (a handler call and what its failure means); this one holds the strategy between them.
 
-mod pass;
+mod careful;
+mod fast;
+mod judge;
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use uuid::Uuid;
 
-use self::pass::{apply_careful, apply_fast, Abort};
+use self::careful::{apply_careful, Careful};
+use self::fast::apply_fast;
 use super::backoff::retry_delay;
 use super::cooldown::CooldownCache;
 use super::envelope::EventEnvelope;
 use super::inflight::InFlight;
 use super::lease::LeasedBatch;
+use super::settle::Abort;
+pub use super::settle::{ApplyBatchError, BatchOutcome};
 use crate::perspective::{Perspective, PerspectiveRegistry};
-use crate::store::{InstanceId, StoreError, WorkStore};
+use crate::store::{InstanceId, WorkStore};
 
 /// Everything the apply stage needs.
 #[derive(Clone)]
@@ -77,57 +88,6 @@ const SMALL_TRANSACTION_BATCHES: u32 = 20;
 
 /// How many times a lane is run before a lock conflict is charged to the row that hit it.
 const CONFLICT_ROUNDS: u64 = 4;
-
-/// What happened to one batch.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct BatchOutcome {
-    /// Events applied and completed.
-    pub applied: usize,
-    /// Rows completed without re-applying (cooled).
-    pub cooled: usize,
-    /// Rows whose failure was recorded (parked).
-    pub failed: usize,
-    /// Rows dead-lettered for a permanent failure.
-    pub dead_lettered: usize,
-    /// Rows given back (behind a failure, after a lost lease or conflict).
-    pub released: usize,
-    /// A lease was lost: a transaction was rolled back and its changes redone on their own.
-    pub lease_lost: bool,
-}
-
-impl BatchOutcome {
-    fn merge(&mut self, other: BatchOutcome) {
-        self.applied += other.applied;
-        self.cooled += other.cooled;
-        self.failed += other.failed;
-        self.dead_lettered += other.dead_lettered;
-        self.released += other.released;
-        self.lease_lost |= other.lease_lost;
-    }
-}
-
-/// Why a batch could not be applied at all. The caller gives the rows back.
-#[derive(Debug, thiserror::Error)]
-pub enum ApplyBatchError {
-    /// The database failed (connection lost, commit failed): nobody is charged.
-    #[error(transparent)]
-    Store(StoreError),
-    /// The database did not answer a health probe after a statement failed: nobody is charged.
-    #[error("database unavailable while applying: {0}")]
-    Unavailable(String),
-}
-
-impl From<StoreError> for ApplyBatchError {
-    fn from(e: StoreError) -> Self {
-        ApplyBatchError::Store(e)
-    }
-}
-
-impl From<sqlx::Error> for ApplyBatchError {
-    fn from(e: sqlx::Error) -> Self {
-        ApplyBatchError::Store(StoreError::Database(e))
-    }
-}
 
 /// One lane's events, in stream_version order, with its handler.
 #[derive(Clone)]
@@ -171,13 +131,16 @@ fn lanes<S: WorkStore>(
 }
 
 /// Applies one batch of typed events (all leased to us through `lease`, ordered by stream,
-/// perspective, stream_version). Every row of `events` is settled (completed, failed,
-/// dead-lettered or given back) when this returns Ok.
+/// perspective, stream_version); the rows of `skip` (cooled) are completed without applying.
+/// Every row of `events` is settled (completed, failed, dead-lettered or given back) when this
+/// returns Ok.
 pub async fn apply_batch<S: WorkStore>(
     ctx: &ApplyContext<S>,
     lease: &mut LeasedBatch<S>,
     events: Vec<EventEnvelope>,
+    mut skip: HashSet<Uuid>,
 ) -> Result<BatchOutcome, ApplyBatchError> {
+    let skip = &mut skip;
     let (lanes, unhandled) = lanes(ctx, events);
     let mut outcome = BatchOutcome::default();
     if !unhandled.is_empty() {
@@ -196,14 +159,13 @@ pub async fn apply_batch<S: WorkStore>(
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
         .is_ok();
     if !small {
-        match run_lanes(ctx, lease, &lanes).await {
+        match run_lanes(ctx, lease, &lanes, skip).await {
             Err(Abort::Conflict { reason, .. }) => {
                 ctx.small_transactions
                     .store(SMALL_TRANSACTION_BATCHES, Ordering::Relaxed);
                 tracing::debug!(%reason, "batch lost a lock conflict; applying it one lane per transaction");
             }
             Err(Abort::Batch(e)) => return Err(e),
-            Err(Abort::Poisoned { .. }) => unreachable!("run_lanes settles poisoned lanes"),
             Ok(o) => {
                 outcome.merge(o);
                 return Ok(outcome);
@@ -215,7 +177,7 @@ pub async fn apply_batch<S: WorkStore>(
         // own statement): only what is still ours is applied.
         lane.events.retain(|e| lease.holds(e.event_work_id));
         if !lane.events.is_empty() {
-            outcome.merge(run_lane_alone(ctx, lease, lane).await?);
+            outcome.merge(run_lane_alone(ctx, lease, lane, skip).await?);
         }
     }
     Ok(outcome)
@@ -226,15 +188,15 @@ async fn run_lane_alone<S: WorkStore>(
     ctx: &ApplyContext<S>,
     lease: &mut LeasedBatch<S>,
     lane: Lane,
+    skip: &mut HashSet<Uuid>,
 ) -> Result<BatchOutcome, ApplyBatchError> {
     let mut round = 0u64;
     loop {
         round += 1;
-        match run_lanes(ctx, lease, std::slice::from_ref(&lane)).await {
+        match run_lanes(ctx, lease, std::slice::from_ref(&lane), skip).await {
             Ok(o) => return Ok(o),
             Err(Abort::Batch(e)) => return Err(e),
-            Err(Abort::Poisoned { .. }) => unreachable!("run_lanes settles poisoned lanes"),
-            Err(Abort::Conflict { event, reason, .. }) if round < CONFLICT_ROUNDS => {
+            Err(Abort::Conflict { event, reason }) if round < CONFLICT_ROUNDS => {
                 let at = event.unwrap_or(0);
                 lease
                     .note_error(lane.events[at].event_work_id, &reason)
@@ -244,7 +206,7 @@ async fn run_lane_alone<S: WorkStore>(
                 tracing::debug!(round, ?pause, %reason, "lane lost a lock conflict; retrying it");
                 tokio::time::sleep(pause).await;
             }
-            Err(Abort::Conflict { event, reason, .. }) => {
+            Err(Abort::Conflict { event, reason }) => {
                 // The same conflict every time is the row's own doing (or a statement that
                 // raises a conflict SQLSTATE): charge it, so it ends dead-lettered instead of
                 // blocking its lane for good.
@@ -264,19 +226,20 @@ async fn run_lanes<S: WorkStore>(
     ctx: &ApplyContext<S>,
     lease: &mut LeasedBatch<S>,
     lanes: &[Lane],
+    skip: &mut HashSet<Uuid>,
 ) -> Result<BatchOutcome, Abort> {
-    if let Some(fast) = apply_fast(ctx, lease, lanes).await? {
+    if let Some(fast) = apply_fast(ctx, lease, lanes, skip).await? {
         return Ok(fast);
     }
     let mut lanes = std::borrow::Cow::Borrowed(lanes);
     let mut outcome = BatchOutcome::default();
     loop {
-        match apply_careful(ctx, lease, &lanes).await {
+        match apply_careful(ctx, lease, &lanes, skip).await {
             Ok(o) => {
                 outcome.merge(o);
                 return Ok(outcome);
             }
-            Err(Abort::Poisoned { lane, event, error }) => {
+            Err(Careful::Poisoned { lane, event, error }) => {
                 let poisoned = lanes.to_mut().remove(lane);
                 outcome.merge(
                     settle_poisoned(ctx, lease, &poisoned, event, &error)
@@ -297,7 +260,7 @@ async fn run_lanes<S: WorkStore>(
                     return Ok(outcome);
                 }
             }
-            Err(other) => return Err(other),
+            Err(Careful::Abort(abort)) => return Err(abort),
         }
     }
 }
