@@ -88,3 +88,10 @@ pub mod telemetry;
 pub mod testkit;
 pub mod text;
 pub mod throwaway;
+
+/// Not API: the crate's internals its own integration tests reach (SQL-contract tests call the
+/// fenced per-row statements directly). Anything here may change in any release.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::store::leased as leases;
+}

@@ -426,10 +426,13 @@ async fn a_release_refunds_only_the_bump_its_claim_made() {
         .await
         .unwrap();
     assert_eq!(rows[0].attempts, 1, "re-leasing our own row does not bump");
-    env.store
-        .release_unstarted(instance, &[rows[0].event_work_id])
-        .await
-        .unwrap();
+    vantage::internals::leases::release_unstarted(
+        env.store.pool(),
+        instance,
+        &[rows[0].event_work_id],
+    )
+    .await
+    .unwrap();
     assert_eq!(
         env.scalar("SELECT attempts::bigint FROM wh_perspective_events")
             .await,
@@ -444,10 +447,13 @@ async fn a_release_refunds_only_the_bump_its_claim_made() {
         .unwrap();
     assert_eq!(rows[0].attempts, 2);
     for _ in 0..2 {
-        env.store
-            .release_unstarted(instance, &[rows[0].event_work_id])
-            .await
-            .unwrap();
+        vantage::internals::leases::release_unstarted(
+            env.store.pool(),
+            instance,
+            &[rows[0].event_work_id],
+        )
+        .await
+        .unwrap();
     }
     assert_eq!(
         env.scalar("SELECT attempts::bigint FROM wh_perspective_events")
@@ -669,11 +675,15 @@ async fn a_move_on_behalf_of_a_lease_only_moves_rows_leased_to_it() {
         .await
         .unwrap();
     let instance = InstanceId::new();
-    let moved = env
-        .store
-        .move_to_dead_letters(work_id, "MaxAttemptsExceeded", "test", Some(instance))
-        .await
-        .unwrap();
+    let moved = vantage::internals::leases::move_to_dead_letters(
+        env.store.pool(),
+        instance,
+        work_id,
+        "MaxAttemptsExceeded",
+        "test",
+    )
+    .await
+    .unwrap();
     assert_eq!(
         moved,
         MoveOutcome::AlreadyGone,
@@ -684,11 +694,18 @@ async fn a_move_on_behalf_of_a_lease_only_moves_rows_leased_to_it() {
             .await,
         1
     );
-    let moved = env
-        .store
-        .move_to_dead_letters(work_id, "MaxAttemptsExceeded", "test", None)
-        .await
-        .unwrap();
+    // (the SQL contract's operator move: no instance; the Rust API has no unfenced move)
+    let moved: Option<Uuid> =
+        sqlx::query_scalar("SELECT move_to_dead_letters($1, $2, $3, $4, $5, NULL)")
+            .bind(Uuid::new_v4())
+            .bind(vantage::store::SOURCE_TABLE)
+            .bind(work_id)
+            .bind("MaxAttemptsExceeded")
+            .bind("test")
+            .fetch_one(env.store.pool())
+            .await
+            .unwrap();
+    let moved = moved.map_or(MoveOutcome::AlreadyGone, MoveOutcome::Moved);
     assert!(matches!(moved, MoveOutcome::Moved(_)));
 }
 

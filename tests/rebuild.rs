@@ -270,12 +270,12 @@ async fn rebuild_racing_a_dead_letter_move_never_queues_a_dead_lettered_event() 
         .unwrap();
 
     let mut mover = env.store.pool().begin().await.unwrap();
-    let moved = vantage::store::move_to_dead_letters_in(
+    let moved = vantage::internals::leases::move_to_dead_letters(
         &mut *mover,
+        instance,
         poison,
         "MaxAttemptsExceeded",
         "claimed 11 times",
-        Some(instance),
     )
     .await
     .unwrap();

@@ -589,9 +589,14 @@ async fn failure_parks_the_row_until_scheduled_for() -> TestResult {
     let id = claim_streams(store, a, &[s]).await?[0].event_work_id;
 
     assert!(
-        store
-            .record_failure(a, id, "boom", Duration::from_secs(3600))
-            .await?
+        vantage::internals::leases::record_failure(
+            store.pool(),
+            a,
+            id,
+            "boom",
+            Duration::from_secs(3600)
+        )
+        .await?
     );
     let w = must_work(store, id).await?;
     assert_eq!(
@@ -674,9 +679,14 @@ async fn failure_parks_the_row_until_scheduled_for() -> TestResult {
     // A second failure with no backoff: failures 2, attempts still 2, due at once; b's claim
     // bumps attempts to 3.
     assert!(
-        store
-            .record_failure(a, id, "boom again", Duration::ZERO)
-            .await?
+        vantage::internals::leases::record_failure(
+            store.pool(),
+            a,
+            id,
+            "boom again",
+            Duration::ZERO
+        )
+        .await?
     );
     let w = must_work(store, id).await?;
     assert_eq!(
@@ -723,9 +733,14 @@ async fn head_of_line_gate_blocks_only_the_lane() -> TestResult {
     assert_eq!(head.len(), 1);
     assert_eq!(head[0].stream_version, 1);
     assert!(
-        store
-            .record_failure(b, head[0].event_work_id, "boom", Duration::from_secs(3600))
-            .await?
+        vantage::internals::leases::record_failure(
+            store.pool(),
+            b,
+            head[0].event_work_id,
+            "boom",
+            Duration::from_secs(3600)
+        )
+        .await?
     );
     // (leased_stream, P1): b leases the head only and keeps it.
     let head = store
@@ -963,9 +978,14 @@ async fn move_to_dead_letters_is_atomic_and_idempotent() -> TestResult {
     assert_eq!(history_kinds(store, dl_id).await?, vec!["Exhausted"]);
 
     // Second time: NULL, nothing new.
-    let again = store
-        .move_to_dead_letters(poison, FAILURE_MAX_ATTEMPTS, "again", Some(a))
-        .await?;
+    let again = vantage::internals::leases::move_to_dead_letters(
+        store.pool(),
+        a,
+        poison,
+        FAILURE_MAX_ATTEMPTS,
+        "again",
+    )
+    .await?;
     assert_eq!(again, MoveOutcome::AlreadyGone);
     assert_eq!(dead_letters(store).await?, dls);
     assert_eq!(history_kinds(store, dl_id).await?, vec!["Exhausted"]);
@@ -1013,9 +1033,14 @@ async fn requeue_dead_letter_once_then_reopen() -> TestResult {
         &[id],
     )
     .await?;
-    let MoveOutcome::Moved(dl_id) = store
-        .move_to_dead_letters(id, FAILURE_MAX_ATTEMPTS, "first", Some(a))
-        .await?
+    let MoveOutcome::Moved(dl_id) = vantage::internals::leases::move_to_dead_letters(
+        store.pool(),
+        a,
+        id,
+        FAILURE_MAX_ATTEMPTS,
+        "first",
+    )
+    .await?
     else {
         panic!("the row is there to move");
     };
@@ -1083,14 +1108,14 @@ async fn requeue_dead_letter_once_then_reopen() -> TestResult {
         &[rows[0].event_work_id],
     )
     .await?;
-    let again = store
-        .move_to_dead_letters(
-            rows[0].event_work_id,
-            FAILURE_MAX_ATTEMPTS,
-            "second",
-            Some(a),
-        )
-        .await?;
+    let again = vantage::internals::leases::move_to_dead_letters(
+        store.pool(),
+        a,
+        rows[0].event_work_id,
+        FAILURE_MAX_ATTEMPTS,
+        "second",
+    )
+    .await?;
     assert_eq!(
         again,
         MoveOutcome::Moved(dl_id),
@@ -1140,17 +1165,33 @@ async fn non_holder_cannot_complete_renew_or_fail() -> TestResult {
 
     let stranger = InstanceId::new();
     for other in [b, stranger] {
-        assert_eq!(store.complete(other, &[r1, r2]).await?, 0);
-        assert_eq!(store.renew_leases(other, &[r1, r2], LEASE).await?, 0);
-        assert!(
-            !store
-                .record_failure(other, r1, "not mine", Duration::from_secs(5))
-                .await?
+        assert_eq!(
+            vantage::internals::leases::complete(store.pool(), other, &[r1, r2]).await?,
+            0
         );
         assert_eq!(
-            store
-                .move_to_dead_letters(r1, FAILURE_MAX_ATTEMPTS, "not mine", Some(other))
-                .await?,
+            vantage::internals::leases::renew_leases(store.pool(), other, &[r1, r2], LEASE).await?,
+            0
+        );
+        assert!(
+            !vantage::internals::leases::record_failure(
+                store.pool(),
+                other,
+                r1,
+                "not mine",
+                Duration::from_secs(5)
+            )
+            .await?
+        );
+        assert_eq!(
+            vantage::internals::leases::move_to_dead_letters(
+                store.pool(),
+                other,
+                r1,
+                FAILURE_MAX_ATTEMPTS,
+                "not mine"
+            )
+            .await?,
             MoveOutcome::AlreadyGone
         );
         assert_eq!(all_work(store).await?, before, "rows unchanged by {other}");
@@ -1158,13 +1199,19 @@ async fn non_holder_cannot_complete_renew_or_fail() -> TestResult {
 
     // The holder can.
     tokio::time::sleep(Duration::from_millis(20)).await;
-    assert_eq!(store.renew_leases(a, &[r1, r2], LEASE).await?, 2);
+    assert_eq!(
+        vantage::internals::leases::renew_leases(store.pool(), a, &[r1, r2], LEASE).await?,
+        2
+    );
     let renewed = must_work(store, r2).await?;
     assert!(
         renewed.lease_expiry > before[1].lease_expiry,
         "renewed: {renewed:?}"
     );
-    assert_eq!(store.complete(a, &[r1]).await?, 1);
+    assert_eq!(
+        vantage::internals::leases::complete(store.pool(), a, &[r1]).await?,
+        1
+    );
     assert!(work(store, r1).await?.is_none());
 
     // After a takeover the former holder is fenced off.
@@ -1172,17 +1219,33 @@ async fn non_holder_cannot_complete_renew_or_fail() -> TestResult {
     let taken = fetch(store, b, &[s]).await?;
     assert_eq!(ids_of(&taken), vec![r2]);
     let held_by_b = must_work(store, r2).await?;
-    assert_eq!(store.complete(a, &[r2]).await?, 0);
-    assert_eq!(store.renew_leases(a, &[r2], LEASE).await?, 0);
-    assert!(
-        !store
-            .record_failure(a, r2, "stale", Duration::from_secs(5))
-            .await?
+    assert_eq!(
+        vantage::internals::leases::complete(store.pool(), a, &[r2]).await?,
+        0
     );
     assert_eq!(
-        store
-            .move_to_dead_letters(r2, FAILURE_MAX_ATTEMPTS, "stale", Some(a))
-            .await?,
+        vantage::internals::leases::renew_leases(store.pool(), a, &[r2], LEASE).await?,
+        0
+    );
+    assert!(
+        !vantage::internals::leases::record_failure(
+            store.pool(),
+            a,
+            r2,
+            "stale",
+            Duration::from_secs(5)
+        )
+        .await?
+    );
+    assert_eq!(
+        vantage::internals::leases::move_to_dead_letters(
+            store.pool(),
+            a,
+            r2,
+            FAILURE_MAX_ATTEMPTS,
+            "stale"
+        )
+        .await?,
         MoveOutcome::AlreadyGone
     );
     assert_eq!(must_work(store, r2).await?, held_by_b);
@@ -1190,7 +1253,10 @@ async fn non_holder_cannot_complete_renew_or_fail() -> TestResult {
         count(store, "SELECT count(*) FROM wh_dead_letters").await?,
         0
     );
-    assert_eq!(store.complete(b, &[r2]).await?, 1);
+    assert_eq!(
+        vantage::internals::leases::complete(store.pool(), b, &[r2]).await?,
+        1
+    );
     Ok(())
 }
 
@@ -1224,10 +1290,17 @@ async fn release_and_deregister_refund_attempts() -> TestResult {
     .await?;
 
     let before = all_work(store).await?;
-    assert_eq!(store.release_unstarted(b, &ids).await?, 0, "fenced");
+    assert_eq!(
+        vantage::internals::leases::release_unstarted(store.pool(), b, &ids).await?,
+        0,
+        "fenced"
+    );
     assert_eq!(all_work(store).await?, before);
 
-    assert_eq!(store.release_unstarted(a, &ids).await?, 3);
+    assert_eq!(
+        vantage::internals::leases::release_unstarted(store.pool(), a, &ids).await?,
+        3
+    );
     let l = lane(store, s, "P1").await?;
     assert_eq!(
         l.iter().map(|w| w.attempts).collect::<Vec<_>>(),
@@ -1523,7 +1596,10 @@ async fn non_default_schema_works() -> TestResult {
             .collect::<Vec<_>>(),
         vec![(1, 1), (2, 1), (3, 1)]
     );
-    assert_eq!(store.complete(a, &ids_of(&rows)).await?, 3);
+    assert_eq!(
+        vantage::internals::leases::complete(store.pool(), a, &ids_of(&rows)).await?,
+        3
+    );
 
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM custom_schema.wh_perspective_events")
         .fetch_one(&plain)
@@ -1742,8 +1818,12 @@ async fn concurrent_claimers_never_share_rows_or_lanes() -> TestResult {
         let done_a = ids_a.iter().copied().collect::<Vec<_>>();
         let done_b = ids_b.iter().copied().collect::<Vec<_>>();
         let (na, nb) = (done_a.len() as u64, done_b.len() as u64);
-        let ca = tokio::spawn(async move { store_a.complete(a, &done_a).await });
-        let cb = tokio::spawn(async move { store_b.complete(b, &done_b).await });
+        let ca = tokio::spawn(async move {
+            vantage::internals::leases::complete(store_a.pool(), a, &done_a).await
+        });
+        let cb = tokio::spawn(async move {
+            vantage::internals::leases::complete(store_b.pool(), b, &done_b).await
+        });
         assert_eq!(expect_no_deadlock("complete a", ca.await?), na);
         assert_eq!(expect_no_deadlock("complete b", cb.await?), nb);
         for (l, vs) in by_lane {
@@ -1849,9 +1929,14 @@ async fn migrate_is_idempotent_and_history_is_append_only() -> TestResult {
     let s = Uuid::new_v4();
     append(&store, s, &["A"]).await?;
     let id = claim_streams(&store, a, &[s]).await?[0].event_work_id;
-    let MoveOutcome::Moved(dl_id) = store
-        .move_to_dead_letters(id, FAILURE_MAX_ATTEMPTS, "x", Some(a))
-        .await?
+    let MoveOutcome::Moved(dl_id) = vantage::internals::leases::move_to_dead_letters(
+        store.pool(),
+        a,
+        id,
+        FAILURE_MAX_ATTEMPTS,
+        "x",
+    )
+    .await?
     else {
         panic!("moved");
     };
@@ -1950,13 +2035,18 @@ async fn rebuild_lock_stops_claims_moves_and_requeues_of_its_perspective() -> Te
         .find(|r| r.perspective_name == "P1")
         .unwrap()
         .event_work_id;
-    let MoveOutcome::Moved(dl) = store
-        .move_to_dead_letters(poison_p1, FAILURE_MAX_ATTEMPTS, "x", Some(a))
-        .await?
+    let MoveOutcome::Moved(dl) = vantage::internals::leases::move_to_dead_letters(
+        store.pool(),
+        a,
+        poison_p1,
+        FAILURE_MAX_ATTEMPTS,
+        "x",
+    )
+    .await?
     else {
         panic!("moved");
     };
-    store.complete(a, &ids_of(&rows)).await?;
+    vantage::internals::leases::complete(store.pool(), a, &ids_of(&rows)).await?;
 
     let s = Uuid::new_v4();
     append(store, s, &["A", "B"]).await?;
@@ -1995,9 +2085,14 @@ async fn rebuild_lock_stops_claims_moves_and_requeues_of_its_perspective() -> Te
 
     let p1_head = lane(store, s, "P1").await?[0].event_work_id;
     let before = all_work(store).await?;
-    let moved = store
-        .move_to_dead_letters(p1_head, FAILURE_MAX_ATTEMPTS, "x", Some(a))
-        .await;
+    let moved = vantage::internals::leases::move_to_dead_letters(
+        store.pool(),
+        a,
+        p1_head,
+        FAILURE_MAX_ATTEMPTS,
+        "x",
+    )
+    .await;
     let Err(StoreError::Database(e)) = &moved else {
         panic!("the move must raise while P1 is rebuilt: {moved:?}");
     };
@@ -2075,9 +2170,14 @@ async fn requeue_refuses_when_the_event_is_already_queued() -> TestResult {
     let s = Uuid::new_v4();
     append(store, s, &["Poison"]).await?;
     let id = claim_streams(store, a, &[s]).await?[0].event_work_id;
-    let MoveOutcome::Moved(dl) = store
-        .move_to_dead_letters(id, FAILURE_MAX_ATTEMPTS, "x", Some(a))
-        .await?
+    let MoveOutcome::Moved(dl) = vantage::internals::leases::move_to_dead_letters(
+        store.pool(),
+        a,
+        id,
+        FAILURE_MAX_ATTEMPTS,
+        "x",
+    )
+    .await?
     else {
         panic!("moved");
     };
@@ -2123,9 +2223,14 @@ async fn purged_dead_letter_stays_purged_when_its_event_is_exhausted_again() -> 
     let appended = append(store, s, &["Poison"]).await?;
     let position = appended[0].global_position;
     let id = claim_streams(store, a, &[s]).await?[0].event_work_id;
-    let MoveOutcome::Moved(purged) = store
-        .move_to_dead_letters(id, FAILURE_MAX_ATTEMPTS, "first", Some(a))
-        .await?
+    let MoveOutcome::Moved(purged) = vantage::internals::leases::move_to_dead_letters(
+        store.pool(),
+        a,
+        id,
+        FAILURE_MAX_ATTEMPTS,
+        "first",
+    )
+    .await?
     else {
         panic!("moved");
     };
@@ -2147,9 +2252,14 @@ async fn purged_dead_letter_stays_purged_when_its_event_is_exhausted_again() -> 
         "a purged event is not open: a rebuild re-queues it"
     );
     let again = claim_streams(store, a, &[s]).await?[0].event_work_id;
-    let MoveOutcome::Moved(fresh) = store
-        .move_to_dead_letters(again, FAILURE_MAX_ATTEMPTS, "second", Some(a))
-        .await?
+    let MoveOutcome::Moved(fresh) = vantage::internals::leases::move_to_dead_letters(
+        store.pool(),
+        a,
+        again,
+        FAILURE_MAX_ATTEMPTS,
+        "second",
+    )
+    .await?
     else {
         panic!("moved again");
     };
@@ -2168,9 +2278,14 @@ async fn purged_dead_letter_stays_purged_when_its_event_is_exhausted_again() -> 
     assert!(store.requeue_dead_letter(fresh, "ops").await?);
     let third = claim_streams(store, a, &[s]).await?[0].event_work_id;
     assert_eq!(
-        store
-            .move_to_dead_letters(third, FAILURE_MAX_ATTEMPTS, "third", Some(a))
-            .await?,
+        vantage::internals::leases::move_to_dead_letters(
+            store.pool(),
+            a,
+            third,
+            FAILURE_MAX_ATTEMPTS,
+            "third"
+        )
+        .await?,
         MoveOutcome::Moved(fresh)
     );
     assert_eq!(
@@ -2231,7 +2346,9 @@ async fn an_append_racing_the_completion_of_its_lane_is_not_stranded() -> TestRe
     let completion = {
         let store = store.clone();
         let ids = ids_of(&first);
-        tokio::spawn(async move { store.complete(instance, &ids).await })
+        tokio::spawn(async move {
+            vantage::internals::leases::complete(store.pool(), instance, &ids).await
+        })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     producer.commit().await?;
@@ -2244,7 +2361,7 @@ async fn an_append_racing_the_completion_of_its_lane_is_not_stranded() -> TestRe
         "the appended row is claimable (lanes: {:?})",
         lane_sets(&store).await?
     );
-    store.complete(instance, &ids_of(&second)).await?;
+    vantage::internals::leases::complete(store.pool(), instance, &ids_of(&second)).await?;
     let (indexed, worked) = lane_sets(&store).await?;
     assert!(worked.is_empty(), "all work done");
     assert!(
@@ -2284,9 +2401,14 @@ async fn parked_lanes_do_not_starve_another_perspective() -> TestResult {
     assert_eq!(heads.len(), PARKED * 2);
     for r in heads.iter().filter(|r| r.stream_version == 1) {
         assert!(
-            store
-                .record_failure(failing, r.event_work_id, "down", Duration::from_secs(3600))
-                .await?
+            vantage::internals::leases::record_failure(
+                store.pool(),
+                failing,
+                r.event_work_id,
+                "down",
+                Duration::from_secs(3600)
+            )
+            .await?
         );
     }
     let behind: Vec<Uuid> = heads
@@ -2294,7 +2416,7 @@ async fn parked_lanes_do_not_starve_another_perspective() -> TestResult {
         .filter(|r| r.stream_version == 2)
         .map(|r| r.event_work_id)
         .collect();
-    store.release_unstarted(failing, &behind).await?;
+    vantage::internals::leases::release_unstarted(store.pool(), failing, &behind).await?;
 
     let healthy: Vec<Uuid> = (0..60).map(|_| Uuid::new_v4()).collect();
     for s in &healthy {
@@ -2412,7 +2534,7 @@ async fn a_locked_head_is_skipped_without_waiting_and_nothing_behind_it_is_taken
 /// the transaction that created it.
 #[tokio::test]
 async fn the_batched_apply_runs_every_kind_of_statement_in_order() -> TestResult {
-    use vantage::store::{apply_statements_and_complete_in, StatementBatch, StatementParams};
+    use vantage::store::{StatementBatch, StatementParams};
 
     let nobody = InstanceId::new(); // nothing to complete: the statements alone
 
@@ -2457,7 +2579,8 @@ async fn the_batched_apply_runs_every_kind_of_statement_in_order() -> TestResult
             );
         }
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        apply_statements_and_complete_in(&mut tx, &batch, nobody, &[]).await?;
+        vantage::internals::leases::apply_statements_and_complete(&mut tx, &batch, nobody, &[])
+            .await?;
         if round == 1 {
             tx.rollback().await?; // what this round created is gone: the next one must not care
         } else {
@@ -2511,7 +2634,8 @@ async fn the_batched_apply_runs_every_kind_of_statement_in_order() -> TestResult
             );
         }
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        apply_statements_and_complete_in(&mut tx, &batch, nobody, &[]).await?;
+        vantage::internals::leases::apply_statements_and_complete(&mut tx, &batch, nobody, &[])
+            .await?;
         tx.commit().await?;
     }
     let unsent: Vec<(String, i32, Option<String>, Option<serde_json::Value>)> = sqlx::query_as(
@@ -2549,7 +2673,7 @@ async fn the_batched_apply_runs_every_kind_of_statement_in_order() -> TestResult
         );
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         assert!(
-            apply_statements_and_complete_in(&mut tx, &batch, nobody, &[])
+            vantage::internals::leases::apply_statements_and_complete(&mut tx, &batch, nobody, &[])
                 .await
                 .is_err(),
             "{bad}"
@@ -2567,8 +2691,6 @@ async fn the_batched_apply_runs_every_kind_of_statement_in_order() -> TestResult
 /// second dead letter for one message.
 #[tokio::test]
 async fn move_many_to_dead_letters_moves_each_row_like_move_to_dead_letters() -> TestResult {
-    use vantage::store::move_many_to_dead_letters_in;
-
     let ctx = setup().await?;
     let store = &ctx.store;
     perspective(store, "P1", &["*"]).await?;
@@ -2594,7 +2716,13 @@ async fn move_many_to_dead_letters_moves_each_row_like_move_to_dead_letters() ->
         (other, "not ours".to_string()),
         (Uuid::new_v4(), "gone".to_string()),
     ];
-    let moved = move_many_to_dead_letters_in(store.pool(), a, &moves, FAILURE_MAX_ATTEMPTS).await?;
+    let moved = vantage::internals::leases::move_many_to_dead_letters(
+        store.pool(),
+        a,
+        &moves,
+        FAILURE_MAX_ATTEMPTS,
+    )
+    .await?;
     let moved_ids: BTreeSet<Uuid> = moved.iter().map(|(id, _)| *id).collect();
     assert_eq!(moved_ids, BTreeSet::from([first, second]));
     assert!(
@@ -2632,7 +2760,7 @@ async fn move_many_to_dead_letters_moves_each_row_like_move_to_dead_letters() ->
     assert!(store.requeue_dead_letter(first_dl, "test").await?);
     let again = store.claim_work(a, LEASE, 10, 10, None).await?;
     assert_eq!(again.len(), 1);
-    let moved = move_many_to_dead_letters_in(
+    let moved = vantage::internals::leases::move_many_to_dead_letters(
         store.pool(),
         a,
         &[(again[0].event_work_id, "again".to_string())],
@@ -2655,8 +2783,6 @@ async fn move_many_to_dead_letters_moves_each_row_like_move_to_dead_letters() ->
 /// errors, a column left NULL for other writers, a stale fingerprint after an edit.
 #[tokio::test]
 async fn a_dead_letters_fingerprint_is_always_that_of_its_error() -> TestResult {
-    use vantage::store::move_many_to_dead_letters_in;
-
     let ctx = setup().await?;
     let store = &ctx.store;
     perspective(store, "P1", &["*"]).await?;
@@ -2677,8 +2803,13 @@ async fn a_dead_letters_fingerprint_is_always_that_of_its_error() -> TestResult 
         .enumerate()
         .map(|(i, r)| (r.event_work_id, format!("text {}", i % 2)))
         .collect();
-    let moved =
-        move_many_to_dead_letters_in(store.pool(), me, &moves, FAILURE_MAX_ATTEMPTS).await?;
+    let moved = vantage::internals::leases::move_many_to_dead_letters(
+        store.pool(),
+        me,
+        &moves,
+        FAILURE_MAX_ATTEMPTS,
+    )
+    .await?;
     assert_eq!(moved.len(), 4);
     let distinct: i64 =
         sqlx::query_scalar("SELECT count(DISTINCT error_fingerprint) FROM wh_dead_letters")
@@ -2795,17 +2926,25 @@ async fn a_producers_open_transaction_does_not_stop_claims_completions_or_shutdo
             .collect()
     };
     assert_eq!(
-        no_hang("a completion", store.complete(daemon, &of(a))).await??,
+        no_hang(
+            "a completion",
+            vantage::internals::leases::complete(store.pool(), daemon, &of(a))
+        )
+        .await??,
         2
     );
     assert_eq!(
-        no_hang("a completion of S", store.complete(daemon, &of(s)[..1])).await??,
+        no_hang(
+            "a completion of S",
+            vantage::internals::leases::complete(store.pool(), daemon, &of(s)[..1])
+        )
+        .await??,
         1
     );
     assert_eq!(
         no_hang(
             "a give-back of S",
-            store.release_started(daemon, &of(s)[1..])
+            vantage::internals::leases::release_started(store.pool(), daemon, &of(s)[1..])
         )
         .await??,
         1
@@ -2813,7 +2952,13 @@ async fn a_producers_open_transaction_does_not_stop_claims_completions_or_shutdo
     assert!(
         no_hang(
             "a failure of B",
-            store.record_failure(daemon, of(b)[0], "boom", Duration::ZERO)
+            vantage::internals::leases::record_failure(
+                store.pool(),
+                daemon,
+                of(b)[0],
+                "boom",
+                Duration::ZERO
+            )
         )
         .await??
     );
@@ -2823,7 +2968,11 @@ async fn a_producers_open_transaction_does_not_stop_claims_completions_or_shutdo
         next.iter().any(|r| r.stream_id == c),
         "new work on another stream is claimed: {next:?}"
     );
-    no_hang("a completion", store.complete(daemon, &ids_of(&next))).await??;
+    no_hang(
+        "a completion",
+        vantage::internals::leases::complete(store.pool(), daemon, &ids_of(&next)),
+    )
+    .await??;
     no_hang("deregistration", store.deregister(daemon)).await??;
 
     sqlx::query("COMMIT").execute(&mut *producer).await?;
@@ -2869,8 +3018,11 @@ async fn an_append_never_waits_for_a_failing_head_or_a_rebuild() -> TestResult {
     // The careful pass: the head's failure and the give-back of the row behind it, in the
     // batch's transaction, which stays open while the pass goes on.
     let mut batch = store.pool().begin().await?;
-    assert!(vantage::store::record_failure_in(&mut *batch, daemon, head, "boom", LEASE).await?);
-    vantage::store::release_started_in(&mut *batch, daemon, &[behind]).await?;
+    assert!(
+        vantage::internals::leases::record_failure(&mut *batch, daemon, head, "boom", LEASE)
+            .await?
+    );
+    vantage::internals::leases::release_started(&mut *batch, daemon, &[behind]).await?;
     let mut producer = producer_conn(&store, "200ms").await?;
     append_on(&mut producer, failing, 1)
         .await
@@ -2929,7 +3081,7 @@ async fn repeatable_read_and_serializable_producers_never_fail_because_of_a_clai
                 .execute(&mut *producer)
                 .await
                 .map_err(|e| anyhow::anyhow!("{isolation} producer, round {round}: {e}"))?;
-            store.complete(daemon, &ids_of(&rows)).await?;
+            vantage::internals::leases::complete(store.pool(), daemon, &ids_of(&rows)).await?;
         }
     }
     Ok(())
@@ -2978,9 +3130,14 @@ async fn a_failed_head_is_due_at_its_backoff_even_after_a_racing_claims_stale_hi
     let failure = {
         let store = store.clone();
         tokio::spawn(async move {
-            store
-                .record_failure(holder, head, "boom", Duration::from_secs(1))
-                .await
+            vantage::internals::leases::record_failure(
+                store.pool(),
+                holder,
+                head,
+                "boom",
+                Duration::from_secs(1),
+            )
+            .await
         })
     };
     // Wait until the failure has either finished or is waiting for the lane's lock.
@@ -3174,9 +3331,14 @@ async fn an_append_behind_a_parked_head_leaves_the_lane_hint_alone() -> TestResu
     assert_eq!(rows.len(), 1);
     let head = rows[0].event_work_id;
     assert!(
-        store
-            .record_failure(holder, head, "boom", Duration::from_secs(3600))
-            .await?
+        vantage::internals::leases::record_failure(
+            store.pool(),
+            holder,
+            head,
+            "boom",
+            Duration::from_secs(3600)
+        )
+        .await?
     );
     let due = |store: Store| async move {
         sqlx::query_scalar::<_, DateTime<Utc>>(

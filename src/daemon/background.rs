@@ -235,28 +235,25 @@ impl LeaseRenewal {
 
 impl BackgroundTask for LeaseRenewal {
     async fn activate(&mut self) -> Value {
-        let rows = self.inflight.rows();
-        if rows.is_empty() {
-            return json!({"in_flight": 0});
-        }
         match self
-            .store
-            .renew_leases(self.instance, &rows, self.lease)
+            .inflight
+            .renew(&self.store, self.instance, self.lease)
             .await
         {
-            Ok(n) => {
-                if (n as usize) < rows.len() {
+            Ok((0, _)) => json!({"in_flight": 0}),
+            Ok((in_flight, n)) => {
+                if (n as usize) < in_flight {
                     tracing::debug!(
-                        in_flight = rows.len(),
+                        in_flight,
                         renewed = n,
                         "some rows in flight are no longer ours (completed meanwhile, or taken over)"
                     );
                 }
-                json!({"in_flight": rows.len(), "renewed": n})
+                json!({"in_flight": in_flight, "renewed": n})
             }
             Err(error) => {
                 tracing::warn!(%error, "lease renewal failed");
-                json!({"in_flight": rows.len(), "error": error.to_string()})
+                json!({"error": error.to_string()})
             }
         }
     }

@@ -493,28 +493,19 @@ async fn drain_and_stop(s: DrainAndStop) -> Result<(), DaemonError> {
     };
     if !finished {
         tracing::warn!(grace = ?s.grace, "batches still in flight after the shutdown grace; abandoning them (their statements are cancelled and their transactions roll back)");
-        let started = s.inflight.started_rows();
-        let backends = s.inflight.backends();
+        // The record of what they held owns their leases from here on.
+        let abandoned = s.inflight.abandon();
         for task in &s.consumer_tasks {
             task.abort();
         }
-        let cancel = async {
-            for pid in backends {
-                let _ = s.store.cancel_backend(pid).await;
-            }
-        };
-        let _ = tokio::time::timeout_at(deadline, cancel)
+        let _ = tokio::time::timeout_at(deadline, abandoned.cancel_statements(&s.store))
             .await
             .map_err(bounded("cancelling batch statements"));
         let _ = tokio::time::timeout_at(deadline, s.consumers.wait())
             .await
             .map_err(bounded("waiting for abandoned batches"));
         // Their handlers saw these rows: the attempt was used, no refund.
-        match tokio::time::timeout_at(deadline, s.store.release_started(s.instance, &started)).await
-        {
-            Ok(Ok(n)) if n > 0 => {
-                metrics::counter!(crate::telemetry::metrics::LEASES_RELEASED_TOTAL).increment(n)
-            }
+        match tokio::time::timeout_at(deadline, abandoned.give_back(&s.store, s.instance)).await {
             Ok(Ok(_)) => {}
             Ok(Err(error)) => {
                 tracing::warn!(%error, "could not give back the rows of abandoned batches")

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use uuid::Uuid;
 
-use crate::store::{InstanceId, StoreError, WorkRow, WorkStore};
+use crate::store::{leases, InstanceId, Store, StoreError, WorkRow, WorkStore};
 
 /// A lane: (stream, perspective).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -265,6 +265,22 @@ impl InFlight {
     /// Number of lanes reserved.
     pub fn lanes_reserved(&self) -> usize {
         self.lock().lanes.len()
+    }
+
+    /// Extends the leases of every row recorded here (the renewal loop, while slow applies run):
+    /// returns how many rows were recorded and how many leases were still ours.
+    pub async fn renew(
+        &self,
+        store: &Store,
+        instance: InstanceId,
+        lease: std::time::Duration,
+    ) -> Result<(usize, u64), StoreError> {
+        let rows = self.rows();
+        if rows.is_empty() {
+            return Ok((0, 0));
+        }
+        let renewed = leases::renew_leases(store.pool(), instance, &rows, lease).await?;
+        Ok((rows.len(), renewed))
     }
 
     /// Takes the leases of batches abandoned at shutdown out of the record at once (before their

@@ -1,9 +1,8 @@
 //! The batched apply of SQL perspectives: many events' statements in one round trip, inside the
-//! batch's transaction (migrations/0007_apply.sql, `apply_perspective_statements`).
+//! batch's transaction (`apply_perspective_statements`; sent by
+//! [`leases::apply_statements_and_complete`](super::leases::apply_statements_and_complete)).
 
 use uuid::Uuid;
-
-use super::{map_db_error, InstanceId, StoreError};
 
 /// The statements of a run of events, in apply order, with their bound parameters (borrowed
 /// from the events: a batch's payloads are not copied to be sent). A parameter none of the
@@ -14,17 +13,17 @@ pub struct StatementBatch<'a> {
     statements: Vec<&'a str>,
     /// Bit `n - 1` set: some statement mentions `$n` (see [`mentioned_params`]).
     mentioned: u8,
-    statement: Vec<i32>,
-    data: Vec<&'a serde_json::Value>,
-    stream_id: Vec<Uuid>,
-    event_id: Vec<Uuid>,
-    event_type: Vec<&'a str>,
-    global_position: Vec<i64>,
-    stream_version: Vec<i32>,
-    metadata: Vec<&'a serde_json::Value>,
+    pub(super) statement: Vec<i32>,
+    pub(super) data: Vec<&'a serde_json::Value>,
+    pub(super) stream_id: Vec<Uuid>,
+    pub(super) event_id: Vec<Uuid>,
+    pub(super) event_type: Vec<&'a str>,
+    pub(super) global_position: Vec<i64>,
+    pub(super) stream_version: Vec<i32>,
+    pub(super) metadata: Vec<&'a serde_json::Value>,
 }
 
-/// One event's parameters (SPEC §3.1: `$1` … `$7`).
+/// One event's parameters (docs/sql-contract.md, "SQL perspectives": `$1` … `$7`).
 #[derive(Debug, Clone, Copy)]
 pub struct StatementParams<'a> {
     /// `$1`
@@ -78,7 +77,7 @@ impl<'a> StatementBatch<'a> {
     /// dispatcher cache (at most 16 per session, keyed by the list) is keyed by the *set* of
     /// statements, so batches that mix the same event types in another order reuse one
     /// dispatcher instead of filling the cap.
-    fn canonical(&self) -> (Vec<&'a str>, Vec<i32>) {
+    pub(super) fn canonical(&self) -> (Vec<&'a str>, Vec<i32>) {
         let mut order: Vec<usize> = (0..self.statements.len()).collect();
         order.sort_by_key(|&i| self.statements[i]);
         let mut new_index = vec![0i32; order.len()];
@@ -95,7 +94,7 @@ impl<'a> StatementBatch<'a> {
     }
 
     /// `values` if some statement of the batch mentions `$n`, else nothing (sent as NULL).
-    fn sent<'v, T>(&self, n: u8, values: &'v [T]) -> Option<&'v [T]> {
+    pub(super) fn sent<'v, T>(&self, n: u8, values: &'v [T]) -> Option<&'v [T]> {
         (self.mentioned & (1 << (n - 1)) != 0).then_some(values)
     }
 }
@@ -129,38 +128,6 @@ fn mentioned_params(statement: &str) -> u8 {
         }
     }
     mask
-}
-
-/// Runs every statement of `batch`, in order, and then completes `complete` (rows leased to
-/// `instance`; may be empty), in the caller's transaction, in one round trip
-/// (`apply_and_complete_perspective_events`).
-/// Returns how many of `complete` were still ours: fewer means a lease was lost and the
-/// transaction must be rolled back. An error of any statement fails the call.
-pub async fn apply_statements_and_complete_in(
-    conn: &mut sqlx::PgConnection,
-    batch: &StatementBatch<'_>,
-    instance: InstanceId,
-    complete: &[Uuid],
-) -> Result<u64, StoreError> {
-    let (statements, statement) = batch.canonical();
-    let n: i32 = sqlx::query_scalar(
-        "SELECT apply_and_complete_perspective_events($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-    )
-    .bind(instance.0)
-    .bind(complete)
-    .bind(&statements)
-    .bind(&statement)
-    .bind(batch.sent(1, &batch.data))
-    .bind(batch.sent(2, &batch.stream_id))
-    .bind(batch.sent(3, &batch.event_id))
-    .bind(batch.sent(4, &batch.event_type))
-    .bind(batch.sent(5, &batch.global_position))
-    .bind(batch.sent(6, &batch.stream_version))
-    .bind(batch.sent(7, &batch.metadata))
-    .fetch_one(conn)
-    .await
-    .map_err(map_db_error)?;
-    Ok(n as u64)
 }
 
 #[cfg(test)]

@@ -1,11 +1,13 @@
-//! Claims and the lease holder's state changes. Every change is fenced on the instance id in SQL.
+//! The claims: the contract's claim functions, and the rows they return. What happens to a
+//! claimed row afterwards is in [`leases`](super::leases).
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnection, PgRow};
+use sqlx::postgres::PgRow;
 use sqlx::{Column, Row};
 use uuid::Uuid;
 
+use super::leases::lease_seconds;
 use super::{map_db_error, InstanceId, Store, StoreError};
 
 /// A lane head acquired by `claim_orphaned_perspective_events`.
@@ -107,10 +109,6 @@ impl<'r> sqlx::FromRow<'r, PgRow> for WorkRow {
     }
 }
 
-fn lease_seconds(lease: Duration) -> i32 {
-    lease.as_secs().clamp(1, i32::MAX as u64) as i32
-}
-
 impl Store {
     /// The daemon's claim, one call per batch: `get_stream_events` with no stream list takes up
     /// to `max_lanes` due lanes from the lane index (orphaned ones included: expired leases,
@@ -207,203 +205,4 @@ impl Store {
         .await
         .map_err(map_db_error)
     }
-
-    /// Deletes our rows (applied); returns how many were still ours.
-    pub async fn complete(&self, instance: InstanceId, ids: &[Uuid]) -> Result<u64, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        complete_in(&mut conn, instance, ids).await
-    }
-
-    /// Records an apply failure and parks the row for `retry_after`; false if no longer ours.
-    pub async fn record_failure(
-        &self,
-        instance: InstanceId,
-        id: Uuid,
-        error: &str,
-        retry_after: Duration,
-    ) -> Result<bool, StoreError> {
-        record_failure_in(&self.pool, instance, id, error, retry_after).await
-    }
-
-    /// Gives back rows claimed but never handed to a handler, refunding exactly the bump their
-    /// claim made (none for a row this instance re-leased without a takeover).
-    pub async fn release_unstarted(
-        &self,
-        instance: InstanceId,
-        ids: &[Uuid],
-    ) -> Result<u64, StoreError> {
-        release_unstarted_in(&self.pool, instance, ids).await
-    }
-
-    /// Gives back rows a handler saw, without a refund (the attempt was used).
-    pub async fn release_started(
-        &self,
-        instance: InstanceId,
-        ids: &[Uuid],
-    ) -> Result<u64, StoreError> {
-        release_started_in(&self.pool, instance, ids).await
-    }
-
-    /// Keeps `error` as the row's `last_error` without charging it (the row is given back
-    /// uncharged: a lock conflict, a lost database). False if the row is no longer ours.
-    pub async fn note_error(
-        &self,
-        instance: InstanceId,
-        id: Uuid,
-        error: &str,
-    ) -> Result<bool, StoreError> {
-        sqlx::query_scalar("SELECT note_perspective_event_error($1, $2, $3)")
-            .bind(instance.0)
-            .bind(id)
-            .bind(error)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(map_db_error)
-    }
-
-    /// Begins a batch transaction whose statements may each run at most `statement_timeout`,
-    /// and returns it with its server process id (to cancel its work from elsewhere).
-    pub async fn begin_batch(
-        &self,
-        statement_timeout: Duration,
-    ) -> Result<(sqlx::Transaction<'static, sqlx::Postgres>, i32), StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let millis = statement_timeout
-            .as_millis()
-            .clamp(1, i32::MAX as u128)
-            .to_string();
-        // (the perspective's statements may wait for locks of the read model as long as they may
-        // run; the pool's LOCK_TIMEOUT is for vantage's own statements)
-        let pid: i32 = sqlx::query_scalar(
-            "SELECT pg_backend_pid() FROM set_config('statement_timeout', $1, true) s, \
-             set_config('lock_timeout', $1, true) l",
-        )
-        .bind(millis)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(map_db_error)?;
-        Ok((tx, pid))
-    }
-
-    /// Cancels whatever the server process `pid` is running (the statement of a batch we gave
-    /// up on), so its transaction rolls back and releases its locks.
-    pub async fn cancel_backend(&self, pid: i32) -> Result<bool, StoreError> {
-        sqlx::query_scalar("SELECT pg_cancel_backend($1)")
-            .bind(pid)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(map_db_error)
-    }
-
-    /// Extends the leases of rows we still hold; returns how many.
-    pub async fn renew_leases(
-        &self,
-        instance: InstanceId,
-        ids: &[Uuid],
-        lease: Duration,
-    ) -> Result<u64, StoreError> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
-        let n: i32 = sqlx::query_scalar("SELECT renew_leases($1, $2, $3)")
-            .bind(instance.0)
-            .bind(ids)
-            .bind(lease_seconds(lease))
-            .fetch_one(&self.pool)
-            .await
-            .map_err(map_db_error)?;
-        Ok(n as u64)
-    }
-}
-
-/// Completes rows inside the caller's transaction, so a perspective's writes and the completion
-/// of its work rows commit together (exactly-once effects). Returns how many were still ours:
-/// fewer than `ids.len()` means a lease was lost and the transaction must be rolled back.
-pub async fn complete_in(
-    conn: &mut PgConnection,
-    instance: InstanceId,
-    ids: &[Uuid],
-) -> Result<u64, StoreError> {
-    if ids.is_empty() {
-        return Ok(0);
-    }
-    let n: i32 = sqlx::query_scalar("SELECT complete_perspective_events($1, $2)")
-        .bind(instance.0)
-        .bind(ids)
-        .fetch_one(conn)
-        .await
-        .map_err(map_db_error)?;
-    Ok(n as u64)
-}
-
-/// Records an apply failure (failures + 1, last_error, lease cleared, parked for `retry_after`)
-/// on any executor, e.g. the batch's transaction. False if the row is no longer ours.
-pub async fn record_failure_in<'c, E: sqlx::PgExecutor<'c>>(
-    executor: E,
-    instance: InstanceId,
-    id: Uuid,
-    error: &str,
-    retry_after: Duration,
-) -> Result<bool, StoreError> {
-    let interval = sqlx::postgres::types::PgInterval::try_from(retry_after)
-        .map_err(|e| StoreError::Database(sqlx::Error::Encode(e)))?;
-    sqlx::query_scalar("SELECT record_perspective_event_failure($1, $2, $3, $4, $5)")
-        .bind(instance.0)
-        .bind(id)
-        .bind(error)
-        .bind(retry_after.as_secs().min(i32::MAX as u64) as i32)
-        .bind(interval)
-        .fetch_one(executor)
-        .await
-        .map_err(map_db_error)
-}
-
-/// Gives back rows a handler saw, without a refund, on any executor. Returns how many were ours.
-pub async fn release_started_in<'c, E: sqlx::PgExecutor<'c>>(
-    executor: E,
-    instance: InstanceId,
-    ids: &[Uuid],
-) -> Result<u64, StoreError> {
-    release_in(
-        executor,
-        "SELECT release_started_leases($1, $2)",
-        instance,
-        ids,
-    )
-    .await
-}
-
-/// Gives back unstarted rows with a refund of their claim's bump, on any executor. Returns how
-/// many were ours.
-pub async fn release_unstarted_in<'c, E: sqlx::PgExecutor<'c>>(
-    executor: E,
-    instance: InstanceId,
-    ids: &[Uuid],
-) -> Result<u64, StoreError> {
-    release_in(
-        executor,
-        "SELECT release_unstarted_leases($1, $2)",
-        instance,
-        ids,
-    )
-    .await
-}
-
-/// One of the two give-back functions (`statement` is one of the constants above, never built).
-async fn release_in<'c, E: sqlx::PgExecutor<'c>>(
-    executor: E,
-    statement: &'static str,
-    instance: InstanceId,
-    ids: &[Uuid],
-) -> Result<u64, StoreError> {
-    if ids.is_empty() {
-        return Ok(0);
-    }
-    let n: i32 = sqlx::query_scalar(statement)
-        .bind(instance.0)
-        .bind(ids)
-        .fetch_one(executor)
-        .await
-        .map_err(map_db_error)?;
-    Ok(n as u64)
 }

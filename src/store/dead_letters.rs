@@ -7,7 +7,7 @@ use std::str::FromStr;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{map_db_error, InstanceId, Store, StoreError};
+use super::{map_db_error, Store, StoreError};
 
 /// The only source table vantage dead-letters from.
 pub const SOURCE_TABLE: &str = "wh_perspective_events";
@@ -132,19 +132,6 @@ const DEAD_LETTER_COLUMNS: &str = "dead_letter_id, source_table, source_id, stre
     status_changed_at, error_fingerprint";
 
 impl Store {
-    /// Moves a work row to the dead letters (atomic, idempotent). While the row's perspective is
-    /// being rebuilt it refuses with SQLSTATE 55P03 ([`StoreError::is_rebuild_in_progress`]):
-    /// transient, nothing changed, nobody charged.
-    pub async fn move_to_dead_letters(
-        &self,
-        work_id: Uuid,
-        reason: &str,
-        error_text: &str,
-        instance: Option<InstanceId>,
-    ) -> Result<MoveOutcome, StoreError> {
-        move_to_dead_letters_in(&self.pool, work_id, reason, error_text, instance).await
-    }
-
     /// Open (`exhausted`) dead letters, optionally of one perspective, by perspective and position.
     pub async fn open_dead_letters(
         &self,
@@ -320,54 +307,4 @@ pub async fn resolve_dead_letter_in(
         .fetch_one(conn)
         .await
         .map_err(map_db_error)
-}
-
-/// Moves a work row to the dead letters on any executor (e.g. the batch's transaction). Refuses
-/// like [`Store::move_to_dead_letters`] while the perspective is being rebuilt; otherwise holds
-/// the rebuild lock shared until the executor's transaction ends.
-pub async fn move_to_dead_letters_in<'c, E: sqlx::PgExecutor<'c>>(
-    executor: E,
-    work_id: Uuid,
-    reason: &str,
-    error_text: &str,
-    instance: Option<InstanceId>,
-) -> Result<MoveOutcome, StoreError> {
-    let id: Option<Uuid> =
-        sqlx::query_scalar("SELECT move_to_dead_letters($1, $2, $3, $4, $5, $6)")
-            .bind(Uuid::new_v4())
-            .bind(SOURCE_TABLE)
-            .bind(work_id)
-            .bind(reason)
-            .bind(error_text)
-            .bind(instance.map(|i| i.0))
-            .fetch_one(executor)
-            .await
-            .map_err(map_db_error)?;
-    Ok(id.map_or(MoveOutcome::AlreadyGone, MoveOutcome::Moved))
-}
-
-/// Moves many rows leased to `instance` to the dead letters in one statement
-/// (`move_many_to_dead_letters`): the same rules as [`move_to_dead_letters_in`] for each.
-/// Returns (work id, dead letter id) for every row moved; a row not listed was already gone.
-pub async fn move_many_to_dead_letters_in<'c, E: sqlx::PgExecutor<'c>>(
-    executor: E,
-    instance: InstanceId,
-    moves: &[(Uuid, String)],
-    reason: &str,
-) -> Result<Vec<(Uuid, Uuid)>, StoreError> {
-    if moves.is_empty() {
-        return Ok(Vec::new());
-    }
-    let ids: Vec<Uuid> = moves.iter().map(|(id, _)| *id).collect();
-    let errors: Vec<&str> = moves.iter().map(|(_, e)| e.as_str()).collect();
-    sqlx::query_as(
-        "SELECT source_id, dead_letter_id FROM move_many_to_dead_letters($1, $2, $3, $4)",
-    )
-    .bind(instance.0)
-    .bind(&ids)
-    .bind(reason)
-    .bind(&errors)
-    .fetch_all(executor)
-    .await
-    .map_err(map_db_error)
 }

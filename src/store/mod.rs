@@ -13,24 +13,22 @@ pub mod dry_run;
 mod events;
 mod instances;
 mod lanes;
+pub(crate) mod leases;
 mod memory;
 mod operator;
 mod status;
 mod triage;
 mod work;
 
-pub use apply::{apply_statements_and_complete_in, StatementBatch, StatementParams};
-pub use claims::{
-    complete_in, record_failure_in, release_started_in, release_unstarted_in, ClaimedHead, WorkRow,
-};
+pub use apply::{StatementBatch, StatementParams};
+pub use claims::{ClaimedHead, WorkRow};
 pub use console::{
     BulkOrder, CountedDeadLetters, DeadLetterCursor, DeadLetterFilter, DeadLetterPage,
     DeadLetterSummary, ERROR_PREVIEW_CHARS,
 };
 pub use dead_letters::{
-    move_many_to_dead_letters_in, move_to_dead_letters_in, resolve_dead_letter_in, DeadLetter,
-    DeadLetterStatus, HistoryEntry, MoveOutcome, FAILURE_MAX_ATTEMPTS, FAILURE_PERMANENT,
-    SOURCE_TABLE,
+    resolve_dead_letter_in, DeadLetter, DeadLetterStatus, HistoryEntry, MoveOutcome,
+    FAILURE_MAX_ATTEMPTS, FAILURE_PERMANENT, SOURCE_TABLE,
 };
 pub use events::{
     append_events_in, append_events_json_in, requeue_history_batch_in, stored_event_ids_in,
@@ -42,6 +40,13 @@ pub use memory::{MemoryStore, MemoryTx, MemoryWork};
 pub use status::{PerspectiveStatus, StoreGauges};
 pub use triage::{BlockedLane, BlockedTotals, ErrorGroup, PauseState, QUARANTINE_BY};
 pub use work::{PgWorkTx, WorkStore, WorkTx};
+
+/// The statements that change rows leased to us, for this crate's integration tests only (through
+/// [`crate::internals`]): the pipeline reaches them through [`WorkStore`] and [`WorkTx`].
+#[doc(hidden)]
+pub mod leased {
+    pub use super::leases::*;
+}
 
 use std::fmt;
 use std::time::{Duration, Instant};

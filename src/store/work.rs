@@ -13,11 +13,8 @@ use async_trait::async_trait;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{
-    apply_statements_and_complete_in, complete_in, move_many_to_dead_letters_in,
-    move_to_dead_letters_in, record_failure_in, release_started_in, release_unstarted_in,
-    InstanceId, MoveOutcome, StatementBatch, Store, StoreError, WorkRow,
-};
+use super::leases;
+use super::{InstanceId, MoveOutcome, StatementBatch, Store, StoreError, WorkRow};
 
 /// What the pipeline needs from a store of work rows. Cheap to clone (a handle).
 #[async_trait]
@@ -195,11 +192,11 @@ impl WorkStore for Store {
         instance: InstanceId,
         ids: &[Uuid],
     ) -> Result<u64, StoreError> {
-        release_unstarted_in(self.pool(), instance, ids).await
+        leases::release_unstarted(self.pool(), instance, ids).await
     }
 
     async fn release_started(&self, instance: InstanceId, ids: &[Uuid]) -> Result<u64, StoreError> {
-        release_started_in(self.pool(), instance, ids).await
+        leases::release_started(self.pool(), instance, ids).await
     }
 
     async fn record_failure(
@@ -209,7 +206,7 @@ impl WorkStore for Store {
         error: &str,
         retry_after: Duration,
     ) -> Result<bool, StoreError> {
-        record_failure_in(self.pool(), instance, id, error, retry_after).await
+        leases::record_failure(self.pool(), instance, id, error, retry_after).await
     }
 
     async fn note_error(
@@ -218,7 +215,7 @@ impl WorkStore for Store {
         id: Uuid,
         error: &str,
     ) -> Result<bool, StoreError> {
-        Store::note_error(self, instance, id, error).await
+        leases::note_error(self.pool(), instance, id, error).await
     }
 
     fn has_dead_letters(&self) -> bool {
@@ -232,7 +229,7 @@ impl WorkStore for Store {
         reason: &str,
         error: &str,
     ) -> Result<MoveOutcome, StoreError> {
-        move_to_dead_letters_in(self.pool(), id, reason, error, Some(instance)).await
+        leases::move_to_dead_letters(self.pool(), instance, id, reason, error).await
     }
 
     async fn move_many_to_dead_letters(
@@ -241,16 +238,16 @@ impl WorkStore for Store {
         moves: &[(Uuid, String)],
         reason: &str,
     ) -> Result<Vec<(Uuid, Uuid)>, StoreError> {
-        move_many_to_dead_letters_in(self.pool(), instance, moves, reason).await
+        leases::move_many_to_dead_letters(self.pool(), instance, moves, reason).await
     }
 
     async fn begin_batch(&self, statement_timeout: Duration) -> Result<PgWorkTx, StoreError> {
-        let (tx, pid) = Store::begin_batch(self, statement_timeout).await?;
+        let (tx, pid) = leases::begin_batch(self.pool(), statement_timeout).await?;
         Ok(PgWorkTx { tx, pid })
     }
 
     async fn cancel_backend(&self, backend: i32) -> Result<bool, StoreError> {
-        Store::cancel_backend(self, backend).await
+        leases::cancel_backend(self.pool(), backend).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -308,7 +305,7 @@ impl WorkTx for PgWorkTx {
     }
 
     async fn complete(&mut self, instance: InstanceId, ids: &[Uuid]) -> Result<u64, StoreError> {
-        complete_in(&mut self.tx, instance, ids).await
+        leases::complete(&mut *self.tx, instance, ids).await
     }
 
     async fn apply_statements_and_complete(
@@ -317,7 +314,7 @@ impl WorkTx for PgWorkTx {
         instance: InstanceId,
         ids: &[Uuid],
     ) -> Result<u64, StoreError> {
-        apply_statements_and_complete_in(&mut self.tx, batch, instance, ids).await
+        leases::apply_statements_and_complete(&mut self.tx, batch, instance, ids).await
     }
 
     async fn record_failure(
@@ -327,7 +324,7 @@ impl WorkTx for PgWorkTx {
         error: &str,
         retry_after: Duration,
     ) -> Result<bool, StoreError> {
-        record_failure_in(&mut *self.tx, instance, id, error, retry_after).await
+        leases::record_failure(&mut *self.tx, instance, id, error, retry_after).await
     }
 
     async fn release_unstarted(
@@ -335,7 +332,7 @@ impl WorkTx for PgWorkTx {
         instance: InstanceId,
         ids: &[Uuid],
     ) -> Result<u64, StoreError> {
-        release_unstarted_in(&mut *self.tx, instance, ids).await
+        leases::release_unstarted(&mut *self.tx, instance, ids).await
     }
 
     async fn release_started(
@@ -343,7 +340,7 @@ impl WorkTx for PgWorkTx {
         instance: InstanceId,
         ids: &[Uuid],
     ) -> Result<u64, StoreError> {
-        release_started_in(&mut *self.tx, instance, ids).await
+        leases::release_started(&mut *self.tx, instance, ids).await
     }
 
     async fn move_to_dead_letters(
@@ -353,7 +350,7 @@ impl WorkTx for PgWorkTx {
         reason: &str,
         error: &str,
     ) -> Result<MoveOutcome, StoreError> {
-        move_to_dead_letters_in(&mut *self.tx, id, reason, error, Some(instance)).await
+        leases::move_to_dead_letters(&mut *self.tx, instance, id, reason, error).await
     }
 
     async fn commit(self) -> Result<(), StoreError> {

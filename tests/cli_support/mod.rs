@@ -240,11 +240,15 @@ impl Env {
         .execute(self.store.pool())
         .await
         .unwrap();
-        match self
-            .store
-            .move_to_dead_letters(work_id, reason, "attempts 11 > max 10", Some(self.instance))
-            .await
-            .unwrap()
+        match vantage::internals::leases::move_to_dead_letters(
+            self.store.pool(),
+            self.instance,
+            work_id,
+            reason,
+            "attempts 11 > max 10",
+        )
+        .await
+        .unwrap()
         {
             MoveOutcome::Moved(id) => id,
             other => panic!("not moved: {other:?}"),
