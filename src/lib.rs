@@ -89,6 +89,9 @@ pub mod testkit;
 pub mod text;
 pub mod throwaway;
 
+#[cfg(test)]
+mod model;
+
 /// Not API: the crate's internals its own integration tests reach (SQL-contract tests call the
 /// fenced per-row statements directly). Anything here may change in any release.
 #[doc(hidden)]
