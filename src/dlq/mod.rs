@@ -4,7 +4,9 @@
 //! compare-and-set guards it, or what history it writes.
 //!
 //! - Every state change is a compare-and-set in SQL on `status = 'exhausted'`
-//!   ([`Store::requeue_dead_letter`], [`Store::purge_dead_letter`], `resolve_dead_letter`): of
+//!   ([`Store::requeue_dead_letter`](crate::store::Store::requeue_dead_letter),
+//!   [`Store::purge_dead_letter`](crate::store::Store::purge_dead_letter),
+//!   `resolve_dead_letter`): of
 //!   two operators acting on one dead letter exactly one wins, and the other gets
 //!   [`DlqError::Race`] with nothing done.
 //! - A replay or a requeue never applies an event twice: both refuse while the perspective is

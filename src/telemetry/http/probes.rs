@@ -28,7 +28,8 @@ pub struct HttpState {
 }
 
 impl HttpState {
-    /// Bundles the recorder's handle (from [`super::recorder::install`]) and the health state.
+    /// Bundles the recorder's handle (from [`crate::telemetry::recorder::install`]) and the
+    /// health state.
     pub fn new(metrics: PrometheusHandle, health: Health) -> Self {
         Self { metrics, health }
     }
