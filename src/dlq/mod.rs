@@ -1,14 +1,13 @@
 //! The operator's actions on dead letters (docs/cli.md, "vantage dlq"): find one, re-read its
 //! event, replay it through its perspective's handler, requeue it, purge it. `vantage dlq` and
-//! the console (docs/cli.md, "The console") both call these, so the two can never disagree about what an action does, which
-//! compare-and-set guards it, or what history it writes.
+//! the console (docs/cli.md, "The console") both call these, so the two can never disagree
+//! about what an action does, which compare-and-set guards it, or what history it writes.
 //!
 //! - Every state change is a compare-and-set in SQL on `status = 'exhausted'`
 //!   ([`Store::requeue_dead_letter`](crate::store::Store::requeue_dead_letter),
 //!   [`Store::purge_dead_letter`](crate::store::Store::purge_dead_letter),
-//!   `resolve_dead_letter`): of
-//!   two operators acting on one dead letter exactly one wins, and the other gets
-//!   [`DlqError::Race`] with nothing done.
+//!   `resolve_dead_letter`): of two operators acting on one dead letter exactly one wins, and
+//!   the other gets [`DlqError::Race`] with nothing done.
 //! - A replay or a requeue never applies an event twice: both refuse while the perspective is
 //!   being rebuilt and while a work row for the event exists (checked first, and again
 //!   atomically by the action itself).
