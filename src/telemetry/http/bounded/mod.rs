@@ -96,8 +96,8 @@ pub(crate) async fn serve_router(
 /// before the handler runs: `408` if it is too slow, `413` if it is too big.
 ///
 /// Until its body is read, a request's connection may still be closed to make room (see
-/// [`listener::BoundedListener`]): a body that trickles must not hold a slot the probes need. From then
-/// on, while its handler runs, it never is.
+/// [`listener::BoundedListener`]): a body that trickles must not hold a slot the probes need.
+/// From then on, while its handler runs, it never is.
 async fn read_body_in_time(
     request: axum::extract::Request,
     next: axum::middleware::Next,
