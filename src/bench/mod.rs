@@ -1,5 +1,6 @@
 //! `vantage bench`: how fast the real daemon drains a backlog, against the physical limit of
-//! the same database effects issued as directly as SQL allows, in one run (SPEC §7).
+//! the same database effects issued as directly as SQL allows, in one run (docs/operations.md,
+//! "Performance").
 //!
 //! One file per concern:
 //! - [`seed`]: the seeded state (events over streams into perspectives), re-created

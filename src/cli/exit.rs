@@ -1,9 +1,10 @@
-//! Exit codes, defined once (SPEC §4.2 and §5), and the mapping of the daemon's errors to them.
+//! Exit codes, defined once (docs/cli.md, "Exit codes"), and the mapping of the daemon's errors
+//! to them.
 //!
 //! One rule for a configuration that cannot be loaded (a file that is not TOML, an unknown or
 //! invalid value, from the file, the environment or a flag): [`CONFIG`] (78) from every
-//! command, except the `vantage dlq` commands, whose exit codes SPEC §4.2 fixes:
-//! [`DLQ_BAD_CONFIG`] (2). A command line clap refuses is [`USAGE`] (2) everywhere.
+//! command, except the `vantage dlq` commands, whose exit codes docs/cli.md ("vantage dlq")
+//! fixes: [`DLQ_BAD_CONFIG`] (2). A command line clap refuses is [`USAGE`] (2) everywhere.
 //!
 //! The daemon does not know about exit codes (it is a library: tests and embedders start it
 //! in-process); only this front end turns its errors into a process status.
@@ -19,8 +20,8 @@ pub const FAILURE: i32 = 1;
 /// Usage or environment error: unknown names or positions, ambiguity, a lost race, an
 /// unreachable database in an operator command, malformed input.
 pub const USAGE: i32 = 2;
-/// A configuration that cannot be loaded, from a `vantage dlq` command: SPEC §4.2 counts "bad
-/// configuration" among its usage or environment errors. Every other command exits [`CONFIG`].
+/// A configuration that cannot be loaded, from a `vantage dlq` command: docs/cli.md ("vantage
+/// dlq") counts "bad configuration" among its usage or environment errors. Every other command exits [`CONFIG`].
 pub const DLQ_BAD_CONFIG: i32 = USAGE;
 /// The database stayed unreachable past `database.connect_timeout` (`vantage run`, sysexits
 /// EX_UNAVAILABLE): a retry later may succeed.
@@ -52,7 +53,7 @@ pub fn for_store_error(e: &StoreError) -> i32 {
 }
 
 impl DaemonError {
-    /// The process exit code for this error (SPEC §5).
+    /// The process exit code for this error (docs/cli.md, "Exit codes").
     pub fn exit_code(&self) -> i32 {
         match self {
             DaemonError::Config(_) => CONFIG,

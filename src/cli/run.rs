@@ -7,7 +7,7 @@ use super::signals;
 use super::{exit, GlobalArgs};
 use crate::daemon::{DaemonBuilder, DaemonError};
 
-/// Runs `vantage run`; returns its exit code (SPEC §5, [`exit`]).
+/// Runs `vantage run`; returns its exit code (docs/cli.md, "Exit codes"; [`exit`]).
 pub async fn run(global: &GlobalArgs) -> i32 {
     let settings = match global.load_settings() {
         Ok(s) => s,

@@ -1,5 +1,5 @@
-//! What the dead-letter operations say (SPEC §4.2 wording), defined once for `vantage dlq` and
-//! the console.
+//! What the dead-letter operations say (docs/cli.md, "vantage dlq"), defined once for
+//! `vantage dlq` and the console.
 
 /// Says: `No perspective named '{name}' is registered.`
 pub fn unknown_perspective(name: &str) -> String {

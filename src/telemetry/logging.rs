@@ -3,7 +3,7 @@
 //!
 //! Never stdout: CLI commands print their results (tables, the JSON envelope) there, and a log
 //! line in the middle would corrupt them. The filter is `log.level` unless `RUST_LOG` is set
-//! (and not empty), in which case `RUST_LOG` wins (SPEC §5).
+//! (and not empty), in which case `RUST_LOG` wins (docs/operations.md, "Configuration").
 //!
 //! Text lines are coloured only when they go to a terminal and `NO_COLOR` is unset or empty
 //! (<https://no-color.org>): a file, a pipe or the journal gets plain text. JSON lines never

@@ -1,4 +1,4 @@
-//! `vantage demo`: the newcomer's first command (SPEC §6).
+//! `vantage demo`: the newcomer's first command (docs/cli.md, "The two commands").
 //!
 //! 1. Uses the configured database, or starts a [`ThrowawayPostgres`] when none is configured.
 //! 2. Loads the demo perspectives from `config/demo.toml` (or the copy built into the binary),

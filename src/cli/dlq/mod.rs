@@ -1,4 +1,4 @@
-//! `vantage dlq`: the operator's view of dead-lettered events (SPEC §4.2, after seed 004).
+//! `vantage dlq`: the operator's view of dead-lettered events (docs/cli.md, "vantage dlq").
 //!
 //! A dead letter is addressed by its event's global position; `--perspective` picks one when
 //! the same position is dead-lettered in several perspectives. Every action changes status
@@ -7,7 +7,8 @@
 //! which only [`output::confirm`] creates.
 //!
 //! Exit codes: 0 success (including nothing to list), 1 declined or a replay that failed
-//! again, 2 usage or environment error (including bad configuration, per SPEC §4.2).
+//! again, 2 usage or environment error (including bad configuration, per docs/cli.md, "vantage
+//! dlq").
 
 mod bulk;
 mod groups;
@@ -185,7 +186,8 @@ impl DlqCommand {
 pub async fn run(global: &GlobalArgs, cmd: DlqCommand) -> i32 {
     let ui = Ui::new(cmd.json());
     let result = async {
-        // SPEC §4.2: bad configuration is a usage error (2) for dlq commands (exit.rs).
+        // (docs/cli.md, "vantage dlq"): bad configuration is a usage error (2) for dlq commands
+        // (exit.rs).
         let settings = global
             .load_settings()
             .map_err(|e| Failure::with_code(exit::DLQ_BAD_CONFIG, e.to_string()))?;
@@ -223,7 +225,7 @@ struct Ctx<'a> {
 use crate::dlq::{msg, DlqError};
 
 /// Every refusal of the shared operations is a usage or environment error (exit 2) with its
-/// SPEC §4.2 message; a database failure says what it says everywhere in the CLI.
+/// message of docs/cli.md ("vantage dlq"); a database failure says what it says everywhere in the CLI.
 impl From<DlqError> for Failure {
     fn from(e: DlqError) -> Self {
         match e {

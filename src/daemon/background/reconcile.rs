@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::background::BackgroundTask;
+use super::BackgroundTask;
 use crate::store::{LaneCursor, Store};
 use crate::telemetry::metrics as m;
 
