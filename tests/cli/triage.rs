@@ -686,8 +686,22 @@ Tick = "INSERT INTO public.other (event_id) VALUES ($3)"
             .unwrap(),
         Some(true)
     );
-    // Claims already under way may still finish: give them a poll interval.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A claim already under way when the pause committed may not have seen it: wait until
+    // every statement that started before the pause has finished.
+    let paused_at: String = sqlx::query_scalar("SELECT clock_timestamp()::text")
+        .fetch_one(env.store.pool())
+        .await
+        .unwrap();
+    env.wait_until(
+        &format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND state = 'active' AND pid <> pg_backend_pid() \
+             AND query_start <= '{paused_at}'::timestamptz"
+        ),
+        0,
+        Duration::from_secs(30),
+    )
+    .await;
     for n in 2..=6 {
         env.store
             .append_events(Uuid::new_v4(), None, &[tick(n)])

@@ -90,6 +90,29 @@ fn metric_value(name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
+/// Polls [`metric_value`] until it reaches `at_least`, returning what it read then; panics
+/// after `limit` (a liveness bound). Counters move after the commit they count, so a test that
+/// saw the commit waits for the counter too instead of reading it once.
+async fn wait_for_metric(
+    name: &str,
+    labels: &[(&str, &str)],
+    at_least: f64,
+    limit: Duration,
+) -> f64 {
+    let started = Instant::now();
+    loop {
+        let value = metric_value(name, labels);
+        if value >= at_least {
+            return value;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{name}{labels:?} still {value} after {limit:?} (waiting for {at_least})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 const RAISE_CODE: &str =
     "CREATE FUNCTION raise_code(code text) RETURNS void LANGUAGE plpgsql AS $$ \
      BEGIN RAISE EXCEPTION 'raised on purpose with SQLSTATE %', code USING ERRCODE = code; END $$";
@@ -553,10 +576,15 @@ async fn a_lost_lease_still_records_failures_and_gives_back_the_rest() {
         Duration::from_secs(8),
     )
     .await;
-    let moves = metric_value(
+    // The move is counted after its commit, so the dead letter can be visible before the
+    // count is: wait for the count as well, then check it is exactly one.
+    let moves = wait_for_metric(
         "vantage_dead_letter_moves_total",
         &[("perspective", "thief"), ("reason", "PermanentFailure")],
-    );
+        1.0,
+        Duration::from_secs(8),
+    )
+    .await;
     assert_eq!(moves, 1.0, "one move, counted once");
     let history = env.scalar("SELECT count(*) FROM wh_dead_letter_history h JOIN wh_dead_letters d USING (dead_letter_id) \
          WHERE d.perspective_name = 'thief' AND h.kind = 'Exhausted'",
@@ -571,6 +599,8 @@ async fn a_lost_lease_still_records_failures_and_gives_back_the_rest() {
 struct Proxy {
     addr: std::net::SocketAddr,
     cut: CancellationToken,
+    /// Connections accepted since the cut and never answered.
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 async fn proxy_to(target: String) -> Proxy {
@@ -578,6 +608,8 @@ async fn proxy_to(target: String) -> Proxy {
     let addr = listener.local_addr().unwrap();
     let cut = CancellationToken::new();
     let token = cut.clone();
+    let held_count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = held_count.clone();
     tokio::spawn(async move {
         let mut held = Vec::new();
         loop {
@@ -586,6 +618,7 @@ async fn proxy_to(target: String) -> Proxy {
             };
             if token.is_cancelled() {
                 held.push(client);
+                counted.store(held.len(), Ordering::SeqCst);
                 continue;
             }
             let target = target.clone();
@@ -601,7 +634,11 @@ async fn proxy_to(target: String) -> Proxy {
             });
         }
     });
-    Proxy { addr, cut }
+    Proxy {
+        addr,
+        cut,
+        held: held_count,
+    }
 }
 
 /// Defect 12: with the database gone (no answer at all), shutdown does not wait for claims
@@ -644,7 +681,22 @@ E = "INSERT INTO gone_applied (stream_id) VALUES ($2)"
     let want = format!("vantage {}", daemon.instance_id());
     assert!(named.contains(&want), "{want} not in {named:?}");
     proxy.cut.cancel();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Shut down only once the database is gone for the daemon: its sessions have left the
+    // server, and it has knocked again and hangs on a connection nobody answers.
+    env.wait_until(
+        &format!("SELECT count(*) FROM pg_stat_activity WHERE application_name = '{want}'"),
+        0,
+        Duration::from_secs(30),
+    )
+    .await;
+    let started = Instant::now();
+    while proxy.held.load(Ordering::SeqCst) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the daemon never tried to reach the database after the cut"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let took = shutdown_within(daemon, Duration::from_secs(60)).await;
     eprintln!("database gone: shutdown took {took:?} with a 20 s grace and no batch in flight");
     assert!(

@@ -2226,7 +2226,21 @@ async fn an_append_racing_the_completion_of_its_lane_is_not_stranded() -> TestRe
         let ids = ids_of(&first);
         tokio::spawn(async move { store.complete(instance, &ids).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The producer commits only once the completion has run while it was open: finished, or
+    // (were it to wait for the appender) waiting for a lock.
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock' \
+               AND query LIKE '%complete_perspective_events%'",
+        )
+        .fetch_one(store.pool())
+        .await?;
+        if waiting > 0 || completion.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     producer.commit().await?;
     assert_eq!(completion.await??, 1);
 
