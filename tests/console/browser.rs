@@ -1,12 +1,12 @@
 //! The operator console in a real browser (issue 10): Debian's chromium, headless, driven
-//! through chromedriver ([`browser_support`]), against the console served in-process over a
-//! real database. What a person does: open the overview, follow the dead letters, filter,
+//! through chromedriver (`tests/support/browser.rs`), against the console served in-process
+//! over a real database. What a person does: open the overview, follow the dead letters, filter,
 //! read a detail, replay / requeue / purge, requeue in bulk after the preview, lose a race,
 //! and what they must not be able to do: read without credentials, post from another site,
 //! change anything in read-only mode. No page may violate the Content-Security-Policy.
 //!
 //! Each test has a database of its own on the binary's one PostgreSQL server, and a browser of
-//! its own. `cargo test --test console_browser -- --ignored screenshots` rewrites the PNGs under
+//! its own. `cargo test --test console -- --ignored screenshots` rewrites the PNGs under
 //! docs/.
 
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! `worker.shutdown_grace` + 15 s) and each other, and lock the container down; and the
 //! daemon's role from `privileges.sql` can do the daemon's work without being able to create
 //! anything. The systemd unit and the Prometheus files are checked by their own tools in
-//! `deploy_tools`, the alerts and dashboard against a real Prometheus in `deploy_prometheus`.
+//! `tools`, the alerts and dashboard against a real Prometheus in `prometheus`.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -357,7 +357,7 @@ fn dashboard_datasource_is_a_template_variable() {
 
 /// What the daemon may take beyond `worker.shutdown_grace` to stop (releasing leases,
 /// deregistering, closing the pool: about 10 s in the worst case), plus a margin. The systemd
-/// unit's TimeoutStopSec is checked against the same margin in deploy_tools.
+/// unit's TimeoutStopSec is checked against the same margin in tools.rs.
 const SHUTDOWN_OVERHEAD: Duration = Duration::from_secs(15);
 
 /// Kinds (and their apiVersion) the manifests may use: those of Kubernetes itself, kustomize

@@ -524,7 +524,7 @@ level = "info"
 // The dashboard
 
 /// Dashboard queries that may be empty in this scenario, with the reason. Their metric names
-/// are checked against the daemon's /metrics by deploy_artifacts (which records every metric).
+/// are checked against the daemon's /metrics by artifacts.rs (which records every metric).
 const MAY_BE_EMPTY: &[(&str, &str)] = &[(
     "sum by (perspective) (rate(vantage_cooldown_skips_total{perspective=~\"$perspective\"}[$__rate_interval]))",
     "a cooldown skip needs a row claimed again before its completion is visible (a race this \

@@ -82,7 +82,7 @@ fn promtool_accepts_the_example_scrape_config_and_its_rule_file() {
 #[test]
 fn promtool_unit_tests_of_the_alerts_pass_with_the_shipped_durations() {
     // deploy/prometheus/vantage-alerts.test.yaml: synthetic series over hours, against the
-    // shipped `for:` durations and thresholds (the live test in deploy_prometheus.rs shortens
+    // shipped `for:` durations and thresholds (the live test in prometheus.rs shortens
     // `for:`; this one does not).
     let tests = deploy::deploy_path("prometheus/vantage-alerts.test.yaml");
     let out = run_with_limit(
