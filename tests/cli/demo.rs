@@ -1,5 +1,6 @@
-//! `vantage demo --once`, end to end through the built binary (SPEC §6): against a configured
-//! database, checking what it left there, and with none configured, as a newcomer runs it.
+//! `vantage demo --once`, end to end through the built binary (docs/cli.md, "The two commands"):
+//! against a configured database, checking what it left there, and with none configured, as a
+//! newcomer runs it.
 
 use std::fmt;
 use std::io::Read;

@@ -1,5 +1,5 @@
-//! End to end: `vantage dlq list | inspect | replay | purge | requeue` against a real
-//! PostgreSQL, through the built binary (SPEC §4.2): exit codes, stdout, stderr, the JSON
+//! End to end: `vantage dlq list | inspect | replay | purge | requeue` against a real PostgreSQL,
+//! through the built binary (docs/cli.md, "vantage dlq"): exit codes, stdout, stderr, the JSON
 //! envelope, prompts, races, golden output.
 
 use serde_json::json;
@@ -773,7 +773,7 @@ async fn environment_errors_exit_2() {
         .starts_with("Database unreachable at 127.0.0.1:1"));
     assert!(!run.stdout.contains("sekrit"));
 
-    // Bad configuration: exit 2 for dlq commands (SPEC §4.2), the key named.
+    // Bad configuration: exit 2 for dlq commands (docs/cli.md, "Exit codes"), the key named.
     let bad = env.dir.path().join("bad.toml");
     std::fs::write(&bad, "[worker]\nconsumers = 0\n").unwrap();
     let bad = bad.to_str().unwrap();

@@ -1,6 +1,6 @@
-//! End to end: triage at scale (SPEC §4.1, §4.2, issue 11) through the built binary against a
-//! real PostgreSQL: `dlq groups`, `requeue | purge --group`, `--limit`, `status --blocked`,
-//! `perspectives pause | resume`, `dlq replay --dry-run`.
+//! End to end: triage at scale (docs/cli.md, "Commands" and "vantage dlq"; issue 11) through the
+//! built binary against a real PostgreSQL: `dlq groups`, `requeue | purge --group`, `--limit`,
+//! `status --blocked`, `perspectives pause | resume`, `dlq replay --dry-run`.
 
 use serde_json::{json, Value};
 use uuid::Uuid;

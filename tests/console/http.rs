@@ -1,5 +1,5 @@
-//! HTTP-level tests of the operator console (SPEC §4.4), against real PostgreSQL: every
-//! route through the real router in-process (`tower::ServiceExt::oneshot`), one over a real
+//! HTTP-level tests of the operator console (docs/cli.md, "The console"), against real PostgreSQL:
+//! every route through the real router in-process (`tower::ServiceExt::oneshot`), one over a real
 //! socket, and the configuration rules through `vantage config check` and `cli::console::run`.
 //!
 //! Dead letters are made the way the daemon makes them (`support::Env::dead_letter`).
@@ -86,7 +86,7 @@ fn ok(response: (Response<Body>, String)) -> String {
     response.1
 }
 
-/// The security headers of SPEC §4.4, and no CORS.
+/// The security headers (docs/cli.md, "The console"), and no CORS.
 #[track_caller]
 fn assert_secure(response: &Response<Body>, what: &str) {
     for (name, value) in security::SECURITY_HEADERS {

@@ -2,7 +2,7 @@
 //! test kit) and on PostgreSQL (a throwaway server, or `DATABASE_URL`), with the same pipeline
 //! and the same recording perspective. Ordering, attempts, backoff, cooldown and permanent
 //! failures behave alike; the dead-letter rules differ exactly where the memory store has no
-//! dead letters (SPEC §4.3).
+//! dead letters (docs/cli.md, "In-memory mode").
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

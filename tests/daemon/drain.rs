@@ -1,4 +1,5 @@
-//! The daemon, in-process, against a real PostgreSQL (SPEC §1, §3.1; issue "The daemon").
+//! The daemon, in-process, against a real PostgreSQL (docs/pipeline.md, docs/sql-contract.md "SQL
+//! perspectives"; issue "The daemon").
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

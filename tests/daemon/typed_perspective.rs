@@ -1,6 +1,7 @@
-//! Typed Rust perspectives run by the daemon against a real PostgreSQL (SPEC §3.2; issue 12):
-//! payloads arrive deserialized, and one that does not deserialize is dead-lettered at once
-//! with `PermanentFailure` and serde's error as its text, while the lane goes on.
+//! Typed Rust perspectives run by the daemon against a real PostgreSQL (docs/sql-contract.md, "Rust
+//! perspectives"; issue 12): payloads arrive deserialized, and one that does not deserialize is
+//! dead-lettered at once with `PermanentFailure` and serde's error as its text, while the lane goes
+//! on.
 
 use std::time::Duration;
 

@@ -222,7 +222,7 @@ async fn dashboard_and_alerts_use_only_metrics_the_daemon_exports() {
             }
         }
     }
-    // The dashboard alone covers what SPEC §5 asks of it.
+    // The dashboard alone covers what docs/operations.md ("Logs and metrics") asks of it.
     let dashboard_text = dashboard_exprs(&dashboard).join("\n");
     for needed in [
         m::EVENTS_APPLIED_TOTAL,

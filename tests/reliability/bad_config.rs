@@ -1,11 +1,11 @@
 //! Configuration that cannot work is refused before anything is written (issue 8, "Configuration
 //! accepted that cannot work", `?sslmode=bogus`, perspective names with control characters).
 //!
-//! Table-driven, against the real binary: each input (a TOML file, an environment variable or
-//! a flag) is given to `config check` (no database) and to every command that reads the
-//! configuration. Each exits 78 (the `dlq` commands 2, SPEC §4.2) with one message naming the
-//! key, the value as written and the layer it came from, never the password, and leaves the
-//! database untouched.
+//! Table-driven, against the real binary: each input (a TOML file, an environment variable or a
+//! flag) is given to `config check` (no database) and to every command that reads the
+//! configuration. Each exits 78 (the `dlq` commands 2, docs/cli.md "Exit codes") with one message
+//! naming the key, the value as written and the layer it came from, never the password, and leaves
+//! the database untouched.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -388,11 +388,11 @@ async fn a_unix_socket_url_is_accepted_and_connects() {
     assert_eq!(schemas, 1, "migrate through the socket created the schema");
 }
 
-/// Item 15 (issue 19): one rule for the same invalid configuration from every operator command
-/// — a file that is not TOML, and one with a value of the wrong type: 78 (EX_CONFIG, SPEC §5),
-/// except the `vantage dlq` commands, whose exit codes SPEC §4.2 fixes (bad configuration is 2).
-/// Each says `invalid configuration: ` once, names the file, prints nothing on stdout (under
-/// `--json`, the envelope), and connects to nothing.
+/// Item 15 (issue 19): one rule for the same invalid configuration from every operator command — a
+/// file that is not TOML, and one with a value of the wrong type: 78 (EX_CONFIG, docs/cli.md "Exit
+/// codes"), except the `vantage dlq` commands, whose exit codes docs/cli.md fixes (bad
+/// configuration is 2). Each says `invalid configuration: ` once, names the file, prints nothing on
+/// stdout (under `--json`, the envelope), and connects to nothing.
 #[tokio::test]
 async fn the_same_invalid_configuration_exits_by_one_rule_from_every_operator_command() {
     let dir = tempfile::tempdir().unwrap();

@@ -2,9 +2,9 @@
 //! input, the exit code it must give, what stderr must (and must not) say, and a check that
 //! nothing was written (no schema created, no instance or perspective registered).
 //!
-//! Exit codes (SPEC §5, README): 78 for what a retry will not fix (configuration, credentials,
-//! a missing database, a changed migration, an address in use), 69 only for a database that is
-//! not there yet.
+//! Exit codes (docs/cli.md "Exit codes", README): 78 for what a retry will not fix (configuration,
+//! credentials, a missing database, a changed migration, an address in use), 69 only for a database
+//! that is not there yet.
 
 use std::path::Path;
 use std::time::Duration;

@@ -1,6 +1,6 @@
-//! SPEC §8 reliability: crashes (SIGKILL), a PostgreSQL restart, and poison events, against a
-//! real PostgreSQL. Every test has a hard deadline and fails with what it saw instead of
-//! hanging.
+//! Reliability (docs/operations.md, "Reliability and security"): crashes (SIGKILL), a PostgreSQL
+//! restart, and poison events, against a real PostgreSQL. Every test has a hard deadline and fails
+//! with what it saw instead of hanging.
 //!
 //! The read models are plain INSERTs with a primary key on (stream_id, version), so a second
 //! apply of any event fails loudly (a failed apply is recorded on the work row, and its error
@@ -430,11 +430,11 @@ stale_after = "10s"
         .expect("GET /readyz");
     assert_eq!(status, 200, "/readyz before the outage: {body}");
 
-    // Down for longer than any loop's liveness limit (30 s), as a real restart or failover
-    // may be. /readyz must report it (the sampler pings every second); /healthz must not,
-    // or an orchestrator would restart the daemon for a database outage (SPEC §5: a lost
-    // database is not fatal). Promptness and liveness are asserted at the end, so the rest
-    // of the test still runs and reports.
+    // Down for longer than any loop's liveness limit (30 s), as a real restart or failover may be.
+    // /readyz must report it (the sampler pings every second); /healthz must not, or an
+    // orchestrator would restart the daemon for a database outage (docs/operations.md,
+    // "Configuration": a lost database is not fatal). Promptness and liveness are asserted at the
+    // end, so the rest of the test still runs and reports.
     {
         let server = Arc::clone(&server);
         tokio::task::spawn_blocking(move || server.stop())

@@ -1,7 +1,7 @@
-//! `vantage run` and `vantage migrate` as an operator meets them: the real binary, its exit
-//! codes (SPEC §5: 0 graceful, 78 invalid configuration or newer schema, 69 database
-//! unreachable) and its messages (SPEC §8 "bad input"). Every run has a hard timeout, so a hang
-//! fails the test instead of hanging CI.
+//! `vantage run` and `vantage migrate` as an operator meets them: the real binary, its exit codes
+//! (docs/cli.md, "Exit codes": 0 graceful, 78 invalid configuration or newer schema, 69 database
+//! unreachable) and its messages (docs/operations.md, "Reliability and security"). Every run has a
+//! hard timeout, so a hang fails the test instead of hanging CI.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -13,7 +13,7 @@ use vantage::store::{NewEvent, Store, StoreOptions};
 use crate::support;
 use crate::support::process::{self, Daemon, Output};
 
-/// Exit codes of SPEC §5.
+/// Exit codes (docs/cli.md, "Exit codes").
 const EXIT_CONFIG: i32 = 78;
 const EXIT_UNAVAILABLE: i32 = 69;
 
@@ -283,9 +283,9 @@ async fn unreachable_database_exits_69_naming_host_and_port_but_not_the_password
     );
 }
 
-/// SPEC §5: 69 "once `database.connect_timeout` has passed (retrying with backoff until
-/// then)". Giving up earlier turns a database that takes the whole timeout to come up (a
-/// restart under an orchestrator) into a crash loop.
+/// (docs/cli.md, "Exit codes"): 69 "once `database.connect_timeout` has passed (retrying with
+/// backoff until then)". Giving up earlier turns a database that takes the whole timeout to come up
+/// (a restart under an orchestrator) into a crash loop.
 #[tokio::test]
 async fn unreachable_database_is_retried_for_the_whole_connect_timeout() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,6 +1,7 @@
-//! The database contract (SPEC §1.1, §1.4, §1.5, §2), tested against the SQL of `migrations/`:
-//! one test per rule, each written so that it fails when its rule is broken. The doc comment of
-//! every test names the mutations of the SQL it catches.
+//! The database contract (docs/pipeline.md: "Attempts", "Ordering and failure", "Instances and
+//! orphans"; docs/sql-contract.md), tested against the SQL of `migrations/`: one test per rule,
+//! each written so that it fails when its rule is broken. The doc comment of every test names the
+//! mutations of the SQL it catches.
 //!
 //! Every instance that claims is registered with `heartbeat` first: an instance id without a row
 //! in `wh_service_instances` is a dead holder, whose leases anyone may take over.
@@ -406,7 +407,8 @@ async fn own_expired_lease_is_released_to_self_without_bump() -> TestResult {
         );
     };
 
-    // claim_orphaned re-acquires the expired head of lane (s1, P1), then get_stream_events the rest.
+    // claim_orphaned re-acquires the expired head of lane (s1, P1), then get_stream_events the
+    // rest.
     let heads = store
         .claim_orphaned(a, LEASE, BIG, BIG, Some(names(&["P1"]).as_slice()))
         .await?;
@@ -2846,10 +2848,10 @@ async fn a_producers_open_transaction_does_not_stop_claims_completions_or_shutdo
     Ok(())
 }
 
-/// Producer rule 2. While vantage holds its own transactions open on a stream's lane (a failed
-/// head being settled in a batch that is still running; a rebuild re-queueing the history of
-/// the stream), an append to that stream does not wait: the producer's lock_timeout is 200 ms,
-/// so a wait for either fails it. Catches: a fan-out that upserts the lane row (waits for the failure's
+/// Producer rule 2. While vantage holds its own transactions open on a stream's lane (a failed head
+/// being settled in a batch that is still running; a rebuild re-queueing the history of the
+/// stream), an append to that stream does not wait: the producer's lock_timeout is 200 ms, so a
+/// wait for either fails it. Catches: a fan-out that upserts the lane row (waits for the failure's
 /// or the re-queue's lock on it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_append_never_waits_for_a_failing_head_or_a_rebuild() -> TestResult {
