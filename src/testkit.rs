@@ -7,11 +7,12 @@
 //! store's clock moves only when told (`advance`, or `run_for`, which jumps from one due retry
 //! to the next). Nothing sleeps.
 //!
-//! What differs from PostgreSQL (SPEC §4.3): there are no dead letters, so a row past
-//! `max_perspective_event_attempts`, or one that failed permanently, stays and is retried; and
-//! there is no database transaction, so a perspective gets [`ApplyTx::none`] and one that asks
-//! for the connection fails (permanently, with [`NO_TRANSACTION`](crate::perspective::NO_TRANSACTION)
-//! as its error). Keep the logic that decides what an event does in plain Rust, and test it here.
+//! What differs from PostgreSQL (docs/cli.md, "In-memory mode"): there are no dead letters, so a
+//! row past `max_perspective_event_attempts`, or one that failed permanently, stays and is retried;
+//! and there is no database transaction, so a perspective gets [`ApplyTx::none`] and one that asks
+//! for the connection fails (permanently, with
+//! [`NO_TRANSACTION`](crate::perspective::NO_TRANSACTION) as its error). Keep the logic that
+//! decides what an event does in plain Rust, and test it here.
 //!
 //! ```
 //! use async_trait::async_trait;

@@ -1,0 +1,888 @@
+//! Defects of the hardening issue (#7) in the apply path, the lease changes and shutdown, each
+//! reproduced against a real PostgreSQL with an in-process daemon.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+use vantage::config::{Settings, WorkerSettings};
+use vantage::daemon::{DaemonBuilder, RunningDaemon};
+use vantage::perspective::{ApplyError, ApplyTx, EventEnvelope, Perspective};
+use vantage::store::{InstanceId, InstanceInfo, NewEvent, Store};
+
+use crate::support::{self, Env};
+
+async fn env() -> Env {
+    Env::migrated().await
+}
+
+/// The suites' fast settings with `extra` TOML (perspectives) appended, then `tune`d: tests
+/// that want one consumer loop (so a wedged loop shows) say so there.
+fn settings(url: &str, extra: &str, tune: impl FnOnce(&mut WorkerSettings)) -> Settings {
+    let mut s = support::fast_settings(url, extra);
+    tune(&mut s.worker);
+    s
+}
+
+/// A test daemon on the test's store, without HTTP.
+fn daemon_on(env: &Env, s: Settings) -> DaemonBuilder {
+    DaemonBuilder::new(s)
+        .store(env.store.clone())
+        .without_http()
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Registers a perspective before the daemon starts, so events appended now fan out to it and
+/// the daemon finds them all in its first claim.
+async fn register(env: &Env, name: &str, types: &[&str]) {
+    sqlx::query("SELECT register_perspective($1, $2)")
+        .bind(name)
+        .bind(types.iter().map(|t| t.to_string()).collect::<Vec<_>>())
+        .execute(env.store.pool())
+        .await
+        .unwrap();
+}
+
+async fn append(env: &Env, stream: Uuid, types: &[&str]) {
+    let events: Vec<NewEvent> = types
+        .iter()
+        .map(|t| NewEvent::new(*t, serde_json::json!({})))
+        .collect();
+    env.store
+        .append_events(stream, None, &events)
+        .await
+        .unwrap();
+}
+
+/// Streams whose lanes sort first and last in a batch (lanes are ordered by stream id).
+fn low_stream() -> Uuid {
+    Uuid::from_u128(0x0000_0001_0000_0000_0000_0000_0000_0001)
+}
+fn high_stream() -> Uuid {
+    Uuid::from_u128(0xffff_fff0_0000_0000_0000_0000_0000_0001)
+}
+
+async fn shutdown_within(daemon: RunningDaemon, limit: Duration) -> Duration {
+    let started = Instant::now();
+    match tokio::time::timeout(limit, daemon.shutdown()).await {
+        Ok(result) => result.unwrap(),
+        Err(_) => panic!("shutdown still running after {limit:?}"),
+    }
+    started.elapsed()
+}
+
+fn metric_value(name: &str, labels: &[(&str, &str)]) -> f64 {
+    vantage::telemetry::recorder::render()
+        .lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Polls [`metric_value`] until it reaches `at_least`, returning what it read then; panics
+/// after `limit` (a liveness bound). Counters move after the commit they count, so a test that
+/// saw the commit waits for the counter too instead of reading it once.
+async fn wait_for_metric(
+    name: &str,
+    labels: &[(&str, &str)],
+    at_least: f64,
+    limit: Duration,
+) -> f64 {
+    let started = Instant::now();
+    loop {
+        let value = metric_value(name, labels);
+        if value >= at_least {
+            return value;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{name}{labels:?} still {value} after {limit:?} (waiting for {at_least})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+const RAISE_CODE: &str =
+    "CREATE FUNCTION raise_code(code text) RETURNS void LANGUAGE plpgsql AS $$ \
+     BEGIN RAISE EXCEPTION 'raised on purpose with SQLSTATE %', code USING ERRCODE = code; END $$";
+
+/// Defect 3 (and 7): a batch whose statement hangs on the server, with a row lock held by its
+/// transaction, must not make shutdown hang past the grace. The server-side work is cancelled,
+/// nothing of ours stays locked or leased, and rows whose handler had started are not refunded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cancels_a_hung_statement_and_does_not_refund_started_rows() {
+    let env = env().await;
+    // The failing lane comes first: its failure is recorded in the batch's transaction (a row
+    // lock), then the second lane's statement hangs.
+    register(&env, "hang", &["Fail", "Hang"]).await;
+    append(&env, low_stream(), &["Fail"]).await;
+    append(&env, high_stream(), &["Hang"]).await;
+    let perspective = r#"
+[[perspectives]]
+name = "hang"
+events = ["Fail", "Hang"]
+[perspectives.sql]
+Fail = "SELECT 1/0"
+Hang = "SELECT pg_sleep(600)"
+"#;
+    let s = settings(&env.url, perspective, |w| {
+        w.consumers = 1;
+        w.lease = secs(120);
+        w.apply_timeout = secs(100);
+        w.shutdown_grace = secs(1);
+    });
+    let daemon = daemon_on(&env, s).start().await.unwrap();
+    let instance = daemon.instance_id();
+    env.wait_until("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(600)' AND state = 'active'",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+    let took = shutdown_within(daemon, Duration::from_secs(20)).await;
+    eprintln!("hung statement: shutdown took {took:?} with a 1 s grace");
+    assert!(
+        took < Duration::from_secs(1) + Duration::from_secs(6),
+        "shutdown took {took:?} with a 1 s grace"
+    );
+    // The statement was cancelled on the server, not left running.
+    env.wait_until("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(600)' AND state = 'active'",
+        0,
+        Duration::from_secs(3),
+    )
+    .await;
+    let rows: Vec<(Uuid, Option<Uuid>, i32)> = sqlx::query_as(
+        "SELECT stream_id, instance_id, attempts FROM wh_perspective_events ORDER BY stream_id",
+    )
+    .fetch_all(env.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for (stream, holder, attempts) in rows {
+        assert_eq!(holder, None, "stream {stream}: lease left behind");
+        assert_eq!(
+            attempts, 1,
+            "stream {stream}: its handler had started, so its claim is not refunded"
+        );
+    }
+    let registered: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM wh_service_instances WHERE instance_id = $1")
+            .bind(instance.0)
+            .fetch_one(env.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(registered, 0, "deregistered");
+}
+
+/// A Rust handler that never returns.
+struct Forever;
+
+#[async_trait]
+impl Perspective for Forever {
+    fn name(&self) -> &str {
+        "forever"
+    }
+    fn event_types(&self) -> Vec<String> {
+        vec!["HangR".into(), "OkR".into()]
+    }
+    async fn apply(&self, e: &EventEnvelope, tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
+        if e.event_type == "HangR" {
+            std::future::pending::<()>().await;
+        }
+        sqlx::query("INSERT INTO rust_applied (stream_id) VALUES ($1)")
+            .bind(e.stream_id)
+            .execute(tx.connection()?)
+            .await
+            .map_err(ApplyError::from_sqlx)?;
+        Ok(())
+    }
+}
+
+/// Defect 4: a hung handler (a SQL statement, or Rust code that never returns) times out after
+/// `worker.apply_timeout`, is charged like any other failure and ends dead-lettered; it never
+/// holds its lane and its consumer loop (the only one) forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_handler_times_out_is_charged_and_does_not_wedge_its_loop() {
+    let env = env().await;
+    env.exec(
+        "CREATE TABLE sql_applied (stream_id uuid PRIMARY KEY); \
+         CREATE TABLE rust_applied (stream_id uuid PRIMARY KEY)",
+    )
+    .await;
+    register(&env, "slow_sql", &["Hang", "Ok"]).await;
+    register(&env, "forever", &["HangR", "OkR"]).await;
+    append(&env, low_stream(), &["Hang", "HangR"]).await;
+    for _ in 0..5 {
+        append(&env, Uuid::new_v4(), &["Ok", "OkR"]).await;
+    }
+    let perspective = r#"
+[[perspectives]]
+name = "slow_sql"
+events = ["Hang", "Ok"]
+[perspectives.sql]
+Hang = "SELECT pg_sleep(600)"
+Ok = "INSERT INTO sql_applied (stream_id) VALUES ($2)"
+"#;
+    let s = settings(&env.url, perspective, |w| {
+        w.consumers = 1;
+        w.apply_timeout = secs(1);
+        w.max_perspective_event_attempts = Some(1);
+        w.shutdown_grace = secs(2);
+    });
+    let daemon = daemon_on(&env, s)
+        .perspective(Forever)
+        .start()
+        .await
+        .unwrap();
+    env.wait_until(
+        "SELECT (SELECT count(*) FROM sql_applied) + (SELECT count(*) FROM rust_applied)",
+        10,
+        Duration::from_secs(30),
+    )
+    .await;
+    env.wait_until(
+        "SELECT count(*) FROM wh_dead_letters WHERE failures_when_dlq >= 1",
+        2,
+        Duration::from_secs(30),
+    )
+    .await;
+    shutdown_within(daemon, Duration::from_secs(15)).await;
+    let errors: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT perspective_name, error_text FROM wh_dead_letters ORDER BY perspective_name",
+    )
+    .fetch_all(env.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    for (perspective, error) in &errors {
+        let error = error.as_deref().unwrap_or("");
+        assert!(
+            error.contains("timeout") || error.contains("timed out"),
+            "{perspective}: the dead letter says the apply timed out: {error}"
+        );
+    }
+}
+
+/// Fails one event type and is slow on another, to stretch the batch's transaction.
+struct SlowThenFail;
+
+#[async_trait]
+impl Perspective for SlowThenFail {
+    fn name(&self) -> &str {
+        "clock"
+    }
+    fn event_types(&self) -> Vec<String> {
+        vec!["Slow".into(), "Fail".into()]
+    }
+    async fn apply(&self, e: &EventEnvelope, _tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
+        if e.event_type == "Slow" {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            Ok(())
+        } else {
+            Err(ApplyError::Retryable("fails on purpose".into()))
+        }
+    }
+}
+
+/// Defect 5: the backoff of a failure recorded late in a long batch transaction starts at the
+/// failure, not at the start of the transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backoff_is_measured_from_the_failure_not_from_the_batch_start() {
+    let env = env().await;
+    register(&env, "clock", &["Slow", "Fail"]).await;
+    append(&env, low_stream(), &["Slow"]).await;
+    append(&env, high_stream(), &["Fail"]).await;
+    let s = settings(&env.url, "", |w| {
+        w.consumers = 1;
+        w.lease = secs(30);
+        w.retry_backoff_base = secs(3);
+        w.retry_backoff_max = secs(3);
+    });
+    let daemon = daemon_on(&env, s)
+        .perspective(SlowThenFail)
+        .start()
+        .await
+        .unwrap();
+    env.wait_until(
+        "SELECT count(*) FROM wh_perspective_events WHERE failures = 1",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+    let remaining: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM scheduled_for - clock_timestamp())::float8 \
+         FROM wh_perspective_events WHERE failures = 1",
+    )
+    .fetch_one(env.store.pool())
+    .await
+    .unwrap();
+    shutdown_within(daemon, Duration::from_secs(15)).await;
+    eprintln!(
+        "backoff: a 3 s backoff recorded 1.5 s into its transaction has {remaining:.2} s left"
+    );
+    assert!(
+        remaining > 2.2,
+        "a 3 s backoff recorded just now has {remaining:.2} s left: it was counted from the start of the batch"
+    );
+}
+
+/// Defects 6 and 10: statements that fail the same way every time with a SQLSTATE that looks
+/// like a lock conflict (40001, 40P01, 55P03) or like a lost database (08006 raised by the
+/// statement, 57P01 from a statement that kills its own backend) are charged and end
+/// dead-lettered, with their error kept; a healthy perspective in the same batches applies
+/// every event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_that_fail_with_transient_looking_sqlstates_are_charged_and_do_not_block_others()
+{
+    let env = env().await;
+    env.exec(RAISE_CODE).await;
+    env.exec("CREATE TABLE healthy_applied (stream_id uuid, version int, PRIMARY KEY (stream_id, version))",
+    )
+    .await;
+    let kinds = [
+        ("Serialization", "SELECT raise_code('40001')"),
+        ("Deadlock", "SELECT raise_code('40P01')"),
+        ("LockNotAvailable", "SELECT raise_code('55P03')"),
+        ("ConnectionFailure", "SELECT raise_code('08006')"),
+        ("AdminShutdown", "SELECT raise_code('57P01')"),
+        (
+            "KillsItself",
+            "SELECT pg_terminate_backend(pg_backend_pid())",
+        ),
+    ];
+    let types: Vec<&str> = kinds.iter().map(|(t, _)| *t).collect();
+    let list = types
+        .iter()
+        .map(|t| format!("\"{t}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let poison_sql: String = kinds
+        .iter()
+        .map(|(t, sql)| format!("{t} = \"{sql}\"\n"))
+        .collect();
+    let healthy_sql: String = types
+        .iter()
+        .map(|t| {
+            format!("{t} = \"INSERT INTO healthy_applied (stream_id, version) VALUES ($2, $6)\"\n")
+        })
+        .collect();
+    let perspectives = format!(
+        "[[perspectives]]\nname = \"poison\"\nevents = [{list}]\n[perspectives.sql]\n{poison_sql}\n\
+         [[perspectives]]\nname = \"healthy\"\nevents = [{list}]\n[perspectives.sql]\n{healthy_sql}\n"
+    );
+    register(&env, "poison", &types).await;
+    register(&env, "healthy", &types).await;
+    for t in &types {
+        append(&env, Uuid::new_v4(), &[t, t]).await;
+    }
+    let s = settings(&env.url, &perspectives, |w| {
+        w.max_perspective_event_attempts = Some(2);
+        w.shutdown_grace = secs(2);
+    });
+    let started = Instant::now();
+    let daemon = daemon_on(&env, s).start().await.unwrap();
+    env.wait_until(
+        "SELECT count(*) FROM healthy_applied",
+        12,
+        Duration::from_secs(60),
+    )
+    .await;
+    env.wait_until(
+        "SELECT count(*) FROM wh_dead_letters WHERE perspective_name = 'poison'",
+        12,
+        Duration::from_secs(90),
+    )
+    .await;
+    eprintln!(
+        "transient-looking SQLSTATEs: 12 poison rows dead-lettered (max 2 attempts) and 12 healthy applied in {:?}",
+        started.elapsed()
+    );
+    shutdown_within(daemon, Duration::from_secs(15)).await;
+    let missing_error = env
+        .scalar("SELECT count(*) FROM wh_dead_letters WHERE error_text NOT LIKE '%last error: %'")
+        .await;
+    assert_eq!(
+        missing_error, 0,
+        "every dead letter carries the statement's last error"
+    );
+}
+
+/// Defect 7: a release refunds exactly the bump its claim made. A row re-leased by its own
+/// instance (lease expired, no takeover) was not bumped, so giving it back refunds nothing.
+#[tokio::test]
+async fn a_release_refunds_only_the_bump_its_claim_made() {
+    let env = env().await;
+    env.exec("SELECT register_perspective('refund', ARRAY['E'])")
+        .await;
+    let stream = Uuid::new_v4();
+    append(&env, stream, &["E"]).await;
+    let instance = InstanceId::new();
+    env.store
+        .heartbeat(instance, &InstanceInfo::current("test"))
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(60);
+    let names = vec!["refund".to_string()];
+    let rows = env
+        .store
+        .get_stream_events(instance, &[stream], lease, Some(&names), None)
+        .await
+        .unwrap();
+    assert_eq!(rows[0].attempts, 1, "a takeover bumps");
+    env.exec("UPDATE wh_perspective_events SET lease_expiry = now() - interval '1 second'")
+        .await;
+    let rows = env
+        .store
+        .get_stream_events(instance, &[stream], lease, Some(&names), None)
+        .await
+        .unwrap();
+    assert_eq!(rows[0].attempts, 1, "re-leasing our own row does not bump");
+    vantage::internals::leases::release_unstarted(
+        env.store.pool(),
+        instance,
+        &[rows[0].event_work_id],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        env.scalar("SELECT attempts::bigint FROM wh_perspective_events")
+            .await,
+        1,
+        "the second claim made no bump, so there is nothing to refund"
+    );
+    // A fresh takeover is refunded exactly once.
+    let rows = env
+        .store
+        .get_stream_events(instance, &[stream], lease, Some(&names), None)
+        .await
+        .unwrap();
+    assert_eq!(rows[0].attempts, 2);
+    for _ in 0..2 {
+        vantage::internals::leases::release_unstarted(
+            env.store.pool(),
+            instance,
+            &[rows[0].event_work_id],
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(
+        env.scalar("SELECT attempts::bigint FROM wh_perspective_events")
+            .await,
+        1
+    );
+}
+
+/// Steals the lease of its event's row (once) while the batch runs, as a takeover by another
+/// instance would; fails or permanently fails other types.
+struct Thief {
+    store: Store,
+    thief: InstanceId,
+    stolen: AtomicBool,
+}
+
+#[async_trait]
+impl Perspective for Thief {
+    fn name(&self) -> &str {
+        "thief"
+    }
+    fn event_types(&self) -> Vec<String> {
+        vec!["Fail".into(), "Perm".into(), "Steal".into(), "Ok".into()]
+    }
+    async fn apply(&self, e: &EventEnvelope, _tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
+        match e.event_type.as_str() {
+            "Fail" => Err(ApplyError::Retryable("fails on purpose".into())),
+            "Perm" => Err(ApplyError::Permanent("never works".into())),
+            "Steal" if !self.stolen.swap(true, Ordering::SeqCst) => {
+                sqlx::query(
+                    "UPDATE wh_perspective_events SET instance_id = $1, \
+                     lease_expiry = now() + interval '1 hour' WHERE event_work_id = $2",
+                )
+                .bind(self.thief.0)
+                .bind(e.event_work_id)
+                .execute(self.store.pool())
+                .await
+                .unwrap();
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Defects 8 and 13: when a batch loses a lease, its transaction rolls back, but the failure it
+/// recorded is still recorded, the permanent failure still dead-lettered (once, with one metric
+/// increment, after the move is durable), and the rows behind them are given back, not left
+/// leased to us.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_still_records_failures_and_gives_back_the_rest() {
+    let env = env().await;
+    let fail_stream = low_stream();
+    let perm_stream = Uuid::from_u128(0x0000_0002_0000_0000_0000_0000_0000_0001);
+    register(&env, "thief", &["Fail", "Perm", "Steal", "Ok"]).await;
+    append(&env, fail_stream, &["Fail", "Ok", "Ok"]).await;
+    append(&env, perm_stream, &["Perm", "Ok"]).await;
+    append(&env, high_stream(), &["Steal"]).await;
+    let thief = InstanceId::new();
+    env.store
+        .heartbeat(thief, &InstanceInfo::current("thief"))
+        .await
+        .unwrap();
+    let s = settings(&env.url, "", |w| {
+        w.consumers = 1;
+        w.lease = secs(30);
+        w.retry_backoff_base = secs(60);
+        w.retry_backoff_max = secs(60);
+        w.shutdown_grace = secs(2);
+    });
+    let daemon = daemon_on(&env, s)
+        .perspective(Thief {
+            store: env.store.clone(),
+            thief,
+            stolen: AtomicBool::new(false),
+        })
+        .start()
+        .await
+        .unwrap();
+    let instance = daemon.instance_id();
+    env.wait_until(
+        &format!(
+            "SELECT count(*) FROM wh_perspective_events WHERE stream_id = '{fail_stream}' \
+             AND stream_version = 1 AND failures = 1 AND instance_id IS NULL"
+        ),
+        1,
+        Duration::from_secs(8),
+    )
+    .await;
+    env.wait_until(
+        "SELECT count(*) FROM wh_dead_letters WHERE perspective_name = 'thief'",
+        1,
+        Duration::from_secs(8),
+    )
+    .await;
+    // Nothing behind the failure stays leased to us. The give-back of the rows behind it
+    // commits after the failure this test waited for: wait for it too, instead of racing it.
+    env.wait_until(
+        &format!(
+            "SELECT count(*) FROM wh_perspective_events WHERE instance_id = '{}' \
+             AND stream_id = '{fail_stream}'",
+            instance.0
+        ),
+        0,
+        Duration::from_secs(8),
+    )
+    .await;
+    // The move is counted after its commit, so the dead letter can be visible before the
+    // count is: wait for the count as well, then check it is exactly one.
+    let moves = wait_for_metric(
+        "vantage_dead_letter_moves_total",
+        &[("perspective", "thief"), ("reason", "PermanentFailure")],
+        1.0,
+        Duration::from_secs(8),
+    )
+    .await;
+    assert_eq!(moves, 1.0, "one move, counted once");
+    let history = env.scalar("SELECT count(*) FROM wh_dead_letter_history h JOIN wh_dead_letters d USING (dead_letter_id) \
+         WHERE d.perspective_name = 'thief' AND h.kind = 'Exhausted'",
+    )
+    .await;
+    assert_eq!(history, 1);
+    shutdown_within(daemon, Duration::from_secs(15)).await;
+}
+
+/// A TCP proxy in front of PostgreSQL that can black-hole: once cut, its connections are dropped
+/// and new ones are accepted but never answered, like a database host gone off the network.
+struct Proxy {
+    addr: std::net::SocketAddr,
+    cut: CancellationToken,
+    /// Connections accepted since the cut and never answered.
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+async fn proxy_to(target: String) -> Proxy {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cut = CancellationToken::new();
+    let token = cut.clone();
+    let held_count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = held_count.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let Ok((mut client, _)) = listener.accept().await else {
+                return;
+            };
+            if token.is_cancelled() {
+                held.push(client);
+                counted.store(held.len(), Ordering::SeqCst);
+                continue;
+            }
+            let target = target.clone();
+            let token = token.clone();
+            tokio::spawn(async move {
+                let Ok(mut server) = TcpStream::connect(&target).await else {
+                    return;
+                };
+                tokio::select! {
+                    _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                    _ = token.cancelled() => {}
+                }
+            });
+        }
+    });
+    Proxy {
+        addr,
+        cut,
+        held: held_count,
+    }
+}
+
+/// Defect 12: with the database gone (no answer at all), shutdown does not wait for claims
+/// stuck on the pool, and deregistration is bounded: the process is gone in a few seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_with_the_database_gone_is_quick() {
+    let env = env().await;
+    let mut url = url::Url::parse(&env.url).unwrap();
+    let target = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(5432));
+    let proxy = proxy_to(target).await;
+    url.set_host(Some("127.0.0.1")).unwrap();
+    url.set_port(Some(proxy.addr.port())).unwrap();
+    env.exec("CREATE TABLE gone_applied (stream_id uuid PRIMARY KEY)")
+        .await;
+    let perspective = r#"
+[[perspectives]]
+name = "gone"
+events = ["E"]
+[perspectives.sql]
+E = "INSERT INTO gone_applied (stream_id) VALUES ($2)"
+"#;
+    let s = settings(url.as_str(), perspective, |w| w.shutdown_grace = secs(20));
+    let daemon = DaemonBuilder::new(s).without_http().start().await.unwrap();
+    append(&env, Uuid::new_v4(), &["E"]).await;
+    env.wait_until(
+        "SELECT count(*) FROM gone_applied",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+    // The daemon's connections are named after its instance (issue #7: operators tell its
+    // sessions apart in pg_stat_activity).
+    let named: Vec<String> = sqlx::query_scalar(
+        "SELECT application_name FROM pg_stat_activity \
+         WHERE datname = current_database() AND application_name LIKE 'vantage %'",
+    )
+    .fetch_all(env.store.pool())
+    .await
+    .unwrap();
+    let want = format!("vantage {}", daemon.instance_id());
+    assert!(named.contains(&want), "{want} not in {named:?}");
+    proxy.cut.cancel();
+    // Shut down only once the database is gone for the daemon: its sessions have left the
+    // server, and it has knocked again and hangs on a connection nobody answers.
+    env.wait_until(
+        &format!("SELECT count(*) FROM pg_stat_activity WHERE application_name = '{want}'"),
+        0,
+        Duration::from_secs(30),
+    )
+    .await;
+    let started = Instant::now();
+    while proxy.held.load(Ordering::SeqCst) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the daemon never tried to reach the database after the cut"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = shutdown_within(daemon, Duration::from_secs(60)).await;
+    eprintln!("database gone: shutdown took {took:?} with a 20 s grace and no batch in flight");
+    assert!(
+        took < Duration::from_secs(8),
+        "shutdown with the database gone took {took:?} (grace 20 s, no batch in flight)"
+    );
+}
+
+/// Every change made on behalf of a lease is fenced: a move that names an instance moves only
+/// rows leased to it (before, an unleased row moved too, so a fenced-out worker could dead-letter
+/// a row a rebuild had taken back). An operator's move (no instance) is not fenced.
+#[tokio::test]
+async fn a_move_on_behalf_of_a_lease_only_moves_rows_leased_to_it() {
+    use vantage::store::MoveOutcome;
+    let env = env().await;
+    register(&env, "fenced", &["E"]).await;
+    append(&env, Uuid::new_v4(), &["E"]).await;
+    let work_id: Uuid = sqlx::query_scalar("SELECT event_work_id FROM wh_perspective_events")
+        .fetch_one(env.store.pool())
+        .await
+        .unwrap();
+    let instance = InstanceId::new();
+    let moved = vantage::internals::leases::move_to_dead_letters(
+        env.store.pool(),
+        instance,
+        work_id,
+        "MaxAttemptsExceeded",
+        "test",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        moved,
+        MoveOutcome::AlreadyGone,
+        "an unleased row is not ours to move"
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM wh_perspective_events")
+            .await,
+        1
+    );
+    // (the SQL contract's operator move: no instance; the Rust API has no unfenced move)
+    let moved: Option<Uuid> =
+        sqlx::query_scalar("SELECT move_to_dead_letters($1, $2, $3, $4, $5, NULL)")
+            .bind(Uuid::new_v4())
+            .bind(vantage::store::SOURCE_TABLE)
+            .bind(work_id)
+            .bind("MaxAttemptsExceeded")
+            .bind("test")
+            .fetch_one(env.store.pool())
+            .await
+            .unwrap();
+    let moved = moved.map_or(MoveOutcome::AlreadyGone, MoveOutcome::Moved);
+    assert!(matches!(moved, MoveOutcome::Moved(_)));
+}
+
+/// Issue 19, defect 4: after DDL, a row-returning statement fails with "cached plan must not
+/// change result type" (0A000) on every pooled connection that prepared it. That failure is
+/// the connection's, not the event's: it is never charged, and it heals without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_cached_plan_after_ddl_is_not_charged_to_the_event() {
+    let env = env().await;
+    env.exec("CREATE TABLE rm_rows (event_id uuid PRIMARY KEY)")
+        .await;
+    register(&env, "rm", &["Ok", "Bad"]).await;
+    let perspectives = "[[perspectives]]\nname = \"rm\"\nevents = [\"Ok\", \"Bad\"]\n\
+        [perspectives.sql]\nOk = \"INSERT INTO rm_rows (event_id) VALUES ($3) RETURNING *\"\n\
+        Bad = \"SELECT 1/0\"\n";
+    let s = settings(&env.url, perspectives, |w| {
+        w.consumers = 1;
+        // A charged row stays parked for the test's length: each round is one careful pass.
+        w.retry_backoff_base = secs(3600);
+        w.retry_backoff_max = secs(3600);
+    });
+    let daemon = daemon_on(&env, s).start().await.unwrap();
+    for round in 0..8 {
+        // `Bad` fails the fast pass, so the careful pass runs `Ok` on its own (a prepared,
+        // cached statement on whichever pooled connection the batch got).
+        let stream = Uuid::new_v4();
+        append(&env, stream, &["Ok", "Bad"]).await;
+        let charged =
+            format!("SELECT count(*) FROM wh_perspective_events WHERE stream_id = '{stream}' AND failures > 0");
+        env.wait_until(&charged, 1, Duration::from_secs(30)).await;
+        let left: Vec<(String, Option<String>)> = sqlx::query_as(
+            "SELECT e.event_type, w.last_error FROM wh_perspective_events w \
+             JOIN wh_event_store e USING (event_id) WHERE w.stream_id = $1",
+        )
+        .bind(stream)
+        .fetch_all(env.store.pool())
+        .await
+        .unwrap();
+        assert_eq!(
+            left.iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>(),
+            ["Bad"],
+            "round {round}: only the poison event is charged, the healthy one is applied: {left:?}"
+        );
+        env.exec(&format!("ALTER TABLE rm_rows ADD COLUMN c{round} int"))
+            .await;
+    }
+    shutdown_within(daemon, Duration::from_secs(15)).await;
+    assert_eq!(env.scalar("SELECT count(*) FROM rm_rows").await, 8);
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM wh_dead_letters").await,
+        0,
+        "nothing dead-lettered"
+    );
+}
+
+/// Issue 19, defect 8: a huge payload that a failing cast copies into the error text is stored
+/// (and logged) capped: the first 64 KiB and "… (N bytes more)".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_error_text_is_stored_capped() {
+    let env = env().await;
+    register(&env, "casts", &["Big"]).await;
+    let perspectives = "[[perspectives]]\nname = \"casts\"\nevents = [\"Big\"]\n\
+        [perspectives.sql]\nBig = \"SELECT ($1->>'big')::int\"\n";
+    let big = "x".repeat(1_000_000);
+    env.store
+        .append_events(
+            Uuid::new_v4(),
+            None,
+            &[NewEvent::new("Big", serde_json::json!({ "big": big }))],
+        )
+        .await
+        .unwrap();
+    let s = settings(&env.url, perspectives, |w| {
+        w.max_perspective_event_attempts = Some(1);
+    });
+    let daemon = daemon_on(&env, s).start().await.unwrap();
+    env.wait_until(
+        "SELECT count(*) FROM wh_dead_letters",
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    shutdown_within(daemon, Duration::from_secs(15)).await;
+    let (len, text): (i32, String) =
+        sqlx::query_as("SELECT octet_length(error_text), error_text FROM wh_dead_letters")
+            .fetch_one(env.store.pool())
+            .await
+            .unwrap();
+    // The move's own text plus the row's last error, each capped at 64 KiB.
+    assert!(len < 2 * 65_536 + 1_000, "error_text is {len} bytes");
+    assert!(
+        text.contains("bytes more)"),
+        "{}",
+        &text[text.len() - 200..]
+    );
+}
+
+/// Issue 19, defect 12: a fast (set-wise) pass abandoned at shutdown does not refund the rows
+/// it handed to the statement call: the row whose statement was running keeps its attempt, so
+/// a statement slower than the grace is charged across restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_during_a_fast_pass_keeps_the_attempt_of_the_rows_handed_over() {
+    let env = env().await;
+    register(&env, "slowfast", &["Hang"]).await;
+    append(&env, low_stream(), &["Hang"]).await;
+    // A plain write (the set-wise call runs it inside the dispatcher) that hangs.
+    let perspective = "[[perspectives]]\nname = \"slowfast\"\nevents = [\"Hang\"]\n\
+        [perspectives.sql]\nHang = \"INSERT INTO public.nothing (v) SELECT 1 FROM pg_sleep(600)\"\n";
+    env.exec("CREATE TABLE public.nothing (v int)").await;
+    let s = settings(&env.url, perspective, |w| {
+        w.consumers = 1;
+        w.lease = secs(120);
+        w.apply_timeout = secs(100);
+        w.shutdown_grace = secs(1);
+    });
+    let daemon = daemon_on(&env, s).start().await.unwrap();
+    env.wait_until(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%apply_and_complete_perspective_events%' AND state = 'active' AND wait_event = 'PgSleep'",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+    shutdown_within(daemon, Duration::from_secs(20)).await;
+    let rows: Vec<(Option<Uuid>, i32)> =
+        sqlx::query_as("SELECT instance_id, attempts FROM wh_perspective_events")
+            .fetch_all(env.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(rows, [(None, 1)], "released, and its claim not refunded");
+}
