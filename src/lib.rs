@@ -83,6 +83,7 @@ pub mod daemon;
 pub mod dlq;
 pub mod perspective;
 pub mod pipeline;
+mod sqlstate;
 pub mod store;
 pub mod telemetry;
 pub mod testkit;

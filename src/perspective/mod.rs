@@ -26,6 +26,8 @@ pub use typed::{
     decode_event, ApplyTx, PayloadError, Typed, TypedEnvelope, TypedPerspective, NO_TRANSACTION,
 };
 
+pub use crate::sqlstate::is_conflict;
+
 use async_trait::async_trait;
 use uuid::Uuid;
 
@@ -77,23 +79,10 @@ pub enum ApplyError {
     Conflict(String),
 }
 
-/// SQLSTATEs of a transaction that lost a race with another one and is worth retrying as is.
-const CONFLICT_SQLSTATES: &[&str] = &["40001", "40P01", "55P03"];
-
-/// True for a database error that means "lost a lock race, retry the transaction".
-pub fn is_conflict(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Database(db) => db
-            .code()
-            .is_some_and(|c| CONFLICT_SQLSTATES.contains(&c.as_ref())),
-        _ => false,
-    }
-}
-
 impl ApplyError {
     /// Classifies a database error raised by a handler's statement.
     pub fn from_sqlx(e: sqlx::Error) -> ApplyError {
-        if crate::store::is_connection_error(&e) {
+        if crate::sqlstate::is_connection_error(&e) {
             ApplyError::Unavailable(e.to_string())
         } else if is_conflict(&e) {
             ApplyError::Conflict(e.to_string())

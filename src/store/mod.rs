@@ -42,6 +42,8 @@ pub use memory::{MemoryStore, MemoryTx, MemoryWork};
 pub use status::{PerspectiveStatus, StoreGauges};
 pub use triage::{BlockedLane, BlockedTotals, ErrorGroup, PauseState, QUARANTINE_BY};
 pub use work::{PgWorkTx, WorkStore, WorkTx};
+// Kept under its old path: callers classify a sqlx error where they hold one.
+pub use crate::sqlstate::is_connection_error;
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -166,24 +168,6 @@ impl StoreError {
             StoreError::Database(e) => is_connection_error(e),
             _ => false,
         }
-    }
-}
-
-/// True for sqlx errors caused by a lost or refused connection rather than by the statement.
-pub fn is_connection_error(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Tls(_) => true,
-        sqlx::Error::Database(db) => {
-            // 08xxx connection exceptions, 57P01-03 admin/crash shutdown, cannot connect now.
-            db.code()
-                .map(|c| c.starts_with("08") || c.starts_with("57P"))
-                .unwrap_or(false)
-        }
-        _ => false,
     }
 }
 
