@@ -76,6 +76,7 @@
 pub mod bench;
 pub mod cli;
 pub mod config;
+mod connection;
 #[doc(hidden)]
 pub mod console;
 pub mod daemon;

@@ -31,16 +31,17 @@
 //! every [`ConfigError`] redact it.
 //!
 //! The files: `sections` (the serde structs and their defaults), `console` (the `[console]`
-//! section, its secrets and its rule), `values` (the parser of each
-//! key), `layers` (reading and merging), `validate` (rules across keys), `messages` (what a
-//! failure says), `database` (the URL and `PG*` as the client reads them), `redact`, `error`.
+//! section and its rule), `secret` (what is never printed: the secret and URL types, the
+//! secret keys, the scrubber), `values` (the parser of each key and the value types it
+//! produces), `layers` (reading and merging), `validate` (rules across keys), `messages` (what
+//! a failure says), `error`. The URL and `PG*` as the client reads them are the crate's
+//! `connection` module, shared with the store.
 
 mod console;
-mod database;
 mod error;
 mod layers;
 mod messages;
-mod redact;
+mod secret;
 mod sections;
 mod validate;
 mod values;
@@ -52,14 +53,14 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use console::{ConsoleSettings, Secret};
-pub use database::{connect_options as pg_connect_options, url_password, UrlProblem};
+pub use console::ConsoleSettings;
 pub use error::ConfigError;
-pub use redact::DatabaseUrl;
+pub use secret::{DatabaseUrl, Secret};
 pub use sections::{
-    CooldownSettings, DatabaseSettings, HttpSettings, LogFormat, LogSettings, OrphanSettings,
-    PerspectiveSettings, QuarantineAfter, Settings, WorkerSettings,
+    CooldownSettings, DatabaseSettings, HttpSettings, LogSettings, OrphanSettings,
+    PerspectiveSettings, Settings, WorkerSettings,
 };
+pub use values::{LogFormat, QuarantineAfter};
 
 use messages::Written;
 
@@ -151,7 +152,18 @@ impl Settings {
     /// The effective configuration as TOML, with the database password replaced by `***`
     /// (for `vantage config check`). It parses back to the same settings, password aside.
     pub fn redacted_toml(&self) -> String {
-        redact::redacted_toml(self)
+        let mut out = toml::to_string(self).expect(
+            "settings always serialize: every field is a string, number, bool, list or table",
+        );
+        if self.database.url.is_none() {
+            const NOTE: &str =
+                "# url is not set: the connection comes from libpq's PG* environment variables\n";
+            let at = out
+                .find("[database]\n")
+                .map_or(0, |i| i + "[database]\n".len());
+            out.insert_str(at, NOTE);
+        }
+        out
     }
 }
 

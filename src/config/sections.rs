@@ -6,15 +6,14 @@
 //! URL through its redacting `Serialize`, durations through `humantime_serde`.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::console::ConsoleSettings;
-use super::redact::DatabaseUrl;
-use super::values;
+use super::secret::DatabaseUrl;
+use super::values::{self, LogFormat, QuarantineAfter};
 
 /// The effective configuration of one vantage process.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -222,33 +221,6 @@ impl Default for LogSettings {
     }
 }
 
-/// `log.format`
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
-impl LogFormat {
-    /// The configuration spelling: `text` or `json`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LogFormat::Text => "text",
-            LogFormat::Json => "json",
-        }
-    }
-}
-
-impl fmt::Display for LogFormat {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// One `[[perspectives]]` entry: a SQL perspective (SPEC §3.1).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -283,37 +255,4 @@ pub struct PerspectiveSettings {
         skip_serializing_if = "Option::is_none"
     )]
     pub quarantine_after: Option<QuarantineAfter>,
-}
-
-/// `perspectives[].quarantine_after`: pause the perspective once `dead_letters` of its events
-/// were dead-lettered within `window` (counting only those since it was last resumed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QuarantineAfter {
-    /// N: at least 1.
-    pub dead_letters: u32,
-    /// DURATION: more than zero, at most [`MAX_DURATION`](super::MAX_DURATION).
-    pub window: Duration,
-}
-
-impl QuarantineAfter {
-    /// The pause reason it records: `quarantined: 50 dead letters in 5m`.
-    pub fn reason(&self) -> String {
-        format!(
-            "quarantined: {} dead letters in {}",
-            self.dead_letters,
-            humantime::format_duration(self.window)
-        )
-    }
-}
-
-impl fmt::Display for QuarantineAfter {
-    /// As written in the configuration: `50 in 5m`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} in {}",
-            self.dead_letters,
-            humantime::format_duration(self.window)
-        )
-    }
 }

@@ -5,11 +5,11 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use super::database::check_pg_env;
 use super::error::ConfigError;
 use super::messages::{quote, Written};
 use super::sections::{PerspectiveSettings, Settings};
 use super::{MAX_DURATION_TEXT, MIN_EXTRA_CONNECTIONS};
+use crate::connection::check_pg_env;
 
 fn shown(d: Duration) -> String {
     quote(&humantime::format_duration(d).to_string())

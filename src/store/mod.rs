@@ -229,7 +229,7 @@ impl StoreOptions {
         let base = match &self.url {
             // Parsed as configuration parses it (libpq's empty host for a Unix socket
             // included), so what `config check` accepts connects.
-            Some(url) => crate::config::pg_connect_options(url)
+            Some(url) => crate::connection::connect_options(url)
                 .map_err(|e| StoreError::InvalidUrl(e.to_string()))?,
             None => PgConnectOptions::new(),
         };
@@ -294,7 +294,7 @@ fn migrate_error(schema: &str, error: sqlx::Error) -> StoreError {
 }
 
 fn redact_error(message: &str, url: &str) -> String {
-    match crate::config::url_password(url) {
+    match crate::connection::url_password(url) {
         Some(p) if !p.is_empty() => message.replace(&p, "***"),
         _ => message.to_string(),
     }
