@@ -85,6 +85,7 @@ pub mod dlq;
 pub mod perspective;
 pub mod pipeline;
 mod sqlstate;
+mod statement;
 pub mod store;
 pub mod telemetry;
 pub mod testkit;
