@@ -84,6 +84,7 @@ pub mod daemon;
 pub mod dlq;
 pub mod perspective;
 pub mod pipeline;
+mod present;
 mod sqlstate;
 mod statement;
 pub mod store;
