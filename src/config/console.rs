@@ -1,5 +1,6 @@
-//! `[console]`: where the operator console listens and who may use it (SPEC §4.4), its
-//! secrets, and the rule that keeps it from being reachable without authentication.
+//! `[console]`: where the operator console listens and who may use it (docs/cli.md, "The
+//! console"), where its secrets come from, and the rule that keeps it from being reachable
+//! without authentication.
 //!
 //! - `listen` (default `127.0.0.1:9465`);
 //! - `read_only` (default false);

@@ -1,7 +1,8 @@
 //! Settings.
 //!
 //! Layers, lowest to highest precedence:
-//! 1. built-in defaults ([`Settings::default`], the values of SPEC §5);
+//! 1. built-in defaults ([`Settings::default`], the values in docs/operations.md,
+//!    "Configuration");
 //! 2. the TOML file: `--config PATH`, else [`DEFAULT_CONFIG_PATH`] if it exists, else none;
 //! 3. `DATABASE_URL` (for `database.url` only);
 //! 4. environment variables `VANTAGE__SECTION__KEY`, e.g. `VANTAGE__WORKER__CONSUMERS=8`;

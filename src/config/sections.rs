@@ -1,4 +1,5 @@
-//! The configuration sections: one struct per `[table]`, with the defaults of SPEC §5.
+//! The configuration sections: one struct per `[table]`, with the defaults of
+//! docs/operations.md, "Configuration".
 //!
 //! Deserialized by serde (`deny_unknown_fields`, so a typo is an error, never a silent
 //! default); each field names the parser of [`values`](super::values) that accepts it and
@@ -136,7 +137,7 @@ impl Default for WorkerSettings {
     }
 }
 
-/// `[cooldown]`: the cache of recently applied work ids (SPEC §1.3).
+/// `[cooldown]`: the cache of recently applied work ids (docs/pipeline.md, "The cooldown cache").
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CooldownSettings {
@@ -161,7 +162,7 @@ impl Default for CooldownSettings {
     }
 }
 
-/// `[orphans]`: instance liveness (SPEC §1.5).
+/// `[orphans]`: instance liveness (docs/pipeline.md, "Instances and orphans").
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OrphanSettings {
@@ -221,7 +222,7 @@ impl Default for LogSettings {
     }
 }
 
-/// One `[[perspectives]]` entry: a SQL perspective (SPEC §3.1).
+/// One `[[perspectives]]` entry: a SQL perspective (docs/sql-contract.md, "SQL perspectives").
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PerspectiveSettings {

@@ -1,4 +1,5 @@
-//! The operator console (SPEC §4.4): server-rendered pages on `console.listen`.
+//! The operator console (docs/cli.md, "The console"): server-rendered pages on
+//! `console.listen`.
 //!
 //! The routes:
 //! - `GET /` — the overview (`pages::overview`): per perspective pending, leased, parked, open
