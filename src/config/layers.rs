@@ -12,11 +12,11 @@ use toml::de::{DeTable, DeValue};
 
 use super::console::ConsoleSettings;
 use super::error::ConfigError;
+use super::options::LoadOptions;
 use super::secret::scrub_secrets;
 use super::sections::{
     CooldownSettings, DatabaseSettings, HttpSettings, LogSettings, OrphanSettings, WorkerSettings,
 };
-use super::LoadOptions;
 use crate::connection::PG_VARS;
 
 /// Environment variables `VANTAGE__SECTION__KEY` set `section.key`.

@@ -6,9 +6,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use super::error::ConfigError;
+use super::limits::{MAX_DURATION_TEXT, MIN_EXTRA_CONNECTIONS};
 use super::messages::{quote, Written};
 use super::sections::{PerspectiveSettings, Settings};
-use super::{MAX_DURATION_TEXT, MIN_EXTRA_CONNECTIONS};
 use crate::connection::check_pg_env;
 use crate::statement::Statements;
 

@@ -15,8 +15,8 @@ use std::time::Duration;
 use serde::de::{self, Deserialize, Deserializer, SeqAccess, Visitor};
 use serde::Serialize;
 
+use super::limits::{MAX_CONSUMERS, MAX_DURATION, MAX_DURATION_TEXT, MAX_SQL_INT};
 use super::secret::DatabaseUrl;
-use super::{MAX_CONSUMERS, MAX_DURATION, MAX_DURATION_TEXT, MAX_SQL_INT};
 use crate::connection::UrlProblem;
 
 /// `log.format`
@@ -210,7 +210,7 @@ pub(super) fn consumers<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Err
 
 /// `worker.max_perspective_event_attempts`: a positive integer or `"off"`.
 pub(super) mod attempts {
-    use super::*;
+    use super::{expected, Deserialize, Deserializer, Scalar, MAX_SQL_INT};
     use serde::Serializer;
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
@@ -236,7 +236,9 @@ pub(super) mod attempts {
 /// no multiple the daemon takes of one (a loop's liveness bound is three intervals) can
 /// overflow. Written back through `humantime_serde`.
 pub(super) mod duration {
-    use super::*;
+    use super::{
+        expected, Deserialize, Deserializer, Duration, Scalar, MAX_DURATION, MAX_DURATION_TEXT,
+    };
     use serde::Serializer;
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -263,7 +265,10 @@ pub(super) mod duration {
 /// `perspectives[].quarantine_after`: `"N in DURATION"`, N a positive integer, DURATION a
 /// duration with a unit, more than zero and at most [`MAX_DURATION`].
 pub(super) mod quarantine_after {
-    use super::*;
+    use super::{
+        expected, Deserialize, Deserializer, QuarantineAfter, Scalar, MAX_DURATION,
+        MAX_DURATION_TEXT, MAX_SQL_INT,
+    };
     use serde::Serializer;
 
     pub fn deserialize<'de, D: Deserializer<'de>>(
