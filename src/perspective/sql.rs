@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use sqlx::{Either, Executor, PgConnection, Statement};
 
-use super::{ApplyError, ApplyTx, EventEnvelope, Perspective};
+use super::handler::{ApplyError, ApplyTx, EventEnvelope, Perspective};
 use crate::config::PerspectiveSettings;
 use crate::statement::{unbound_parameter, Statements, BOUND_PARAMETERS, RESET};
 
