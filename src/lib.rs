@@ -76,6 +76,7 @@
 pub mod bench;
 pub mod cli;
 pub mod config;
+mod connection;
 #[doc(hidden)]
 pub mod console;
 pub mod daemon;
@@ -83,6 +84,9 @@ pub mod daemon;
 pub mod dlq;
 pub mod perspective;
 pub mod pipeline;
+mod present;
+mod sqlstate;
+mod statement;
 pub mod store;
 pub mod telemetry;
 pub mod testkit;

@@ -1,5 +1,6 @@
-//! `[console]`: where the operator console listens and who may use it (SPEC §4.4), its
-//! secrets, and the rule that keeps it from being reachable without authentication.
+//! `[console]`: where the operator console listens and who may use it (docs/cli.md, "The
+//! console"), where its secrets come from, and the rule that keeps it from being reachable
+//! without authentication.
 //!
 //! - `listen` (default `127.0.0.1:9465`);
 //! - `read_only` (default false);
@@ -10,61 +11,20 @@
 //!   a secret comes from its key or its file, not both.
 //!
 //! Every key is settable from the environment like any other (`VANTAGE__CONSOLE__AUTH_TOKEN`,
-//! …), so a secret can stay out of the configuration file. A secret is a [`Secret`]: its `Debug`, `Display`
-//! and `Serialize` write `***`, and a message about its key never quotes it.
+//! …), so a secret can stay out of the configuration file. A secret is a [`Secret`]
+//! (`secret.rs`): its `Debug`, `Display` and `Serialize` write `***`, and a message about its
+//! key never quotes it.
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::de::Deserializer;
-use serde::{Deserialize, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 use super::error::ConfigError;
 use super::messages::{quote, Written};
+use super::secret::Secret;
 use super::values;
-
-/// The keys whose values are secrets: shown as `***` by `config check` and in every message.
-pub(super) const SECRET_KEYS: &[&str] = &["console.auth_token", "console.basic_password"];
-
-/// What a secret is shown as.
-pub const REDACTED: &str = "***";
-
-/// A secret from the configuration (a token, a password). `Debug`, `Display` and `Serialize`
-/// hide it; [`expose`](Self::expose) gives it to the one comparison that needs it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps a secret.
-    pub fn new(secret: impl Into<String>) -> Self {
-        Self(secret.into())
-    }
-
-    /// The secret itself: for the constant-time comparison of credentials and nothing else.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Secret({REDACTED})")
-    }
-}
-
-impl fmt::Display for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(REDACTED)
-    }
-}
-
-/// Always redacted: serializing settings can never write a secret.
-impl Serialize for Secret {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(REDACTED)
-    }
-}
 
 /// `[console]`
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::redact::scrub_secrets;
+use super::secret::scrub_secrets;
 
 /// Invalid configuration. `vantage` exits with [`ConfigError::EXIT_CODE`]. Messages name the
 /// key, the bad value and the layer it came from, and never contain the database password.

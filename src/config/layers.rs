@@ -11,13 +11,13 @@ use serde::de::{self, Deserialize, Deserializer};
 use toml::de::{DeTable, DeValue};
 
 use super::console::ConsoleSettings;
-use super::database::PG_VARS;
 use super::error::ConfigError;
-use super::redact::scrub_secrets;
+use super::options::LoadOptions;
+use super::secret::scrub_secrets;
 use super::sections::{
     CooldownSettings, DatabaseSettings, HttpSettings, LogSettings, OrphanSettings, WorkerSettings,
 };
-use super::LoadOptions;
+use crate::connection::PG_VARS;
 
 /// Environment variables `VANTAGE__SECTION__KEY` set `section.key`.
 const ENV_PREFIX: &str = "VANTAGE";

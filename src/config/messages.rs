@@ -6,7 +6,7 @@ use config::{Map, Value, ValueKind};
 use serde_path_to_error::Segment;
 
 use super::error::ConfigError;
-use super::redact::{scrub_secrets, DatabaseUrl};
+use super::secret::{scrub_secrets, DatabaseUrl, REDACTED, SECRET_KEYS};
 use super::values::EXPECTED;
 
 /// The merged layers, kept beside the settings so that messages can quote them.
@@ -173,8 +173,8 @@ fn layer_of(v: &Value) -> Option<String> {
 /// How a bad value is shown in an error: strings quoted, the database URL redacted, and
 /// anything URL-like scrubbed in case a secret was pasted under the wrong key.
 pub(super) fn render(key: &str, v: &Value) -> String {
-    if super::console::SECRET_KEYS.contains(&key) {
-        return super::console::REDACTED.to_owned();
+    if SECRET_KEYS.contains(&key) {
+        return REDACTED.to_owned();
     }
     match &v.kind {
         ValueKind::String(s) if key == "database.url" => {

@@ -1,7 +1,8 @@
 //! Settings.
 //!
 //! Layers, lowest to highest precedence:
-//! 1. built-in defaults ([`Settings::default`], the values of SPEC §5);
+//! 1. built-in defaults ([`Settings::default`], the values in docs/operations.md,
+//!    "Configuration");
 //! 2. the TOML file: `--config PATH`, else [`DEFAULT_CONFIG_PATH`] if it exists, else none;
 //! 3. `DATABASE_URL` (for `database.url` only);
 //! 4. environment variables `VANTAGE__SECTION__KEY`, e.g. `VANTAGE__WORKER__CONSUMERS=8`;
@@ -31,16 +32,20 @@
 //! every [`ConfigError`] redact it.
 //!
 //! The files: `sections` (the serde structs and their defaults), `console` (the `[console]`
-//! section, its secrets and its rule), `values` (the parser of each
-//! key), `layers` (reading and merging), `validate` (rules across keys), `messages` (what a
-//! failure says), `database` (the URL and `PG*` as the client reads them), `redact`, `error`.
+//! section and its rule), `secret` (what is never printed: the secret and URL types, the
+//! secret keys, the scrubber), `values` (the parser of each key and the value types it
+//! produces), `layers` (reading and merging), `validate` (rules across keys), `messages` (what
+//! a failure says), `limits` (the bounds), `options` (where the layers come from), `error`.
+//! The URL and `PG*` as the client reads them are the crate's `connection` module, shared with
+//! the store. No file here reads this one: it only declares, re-exports and composes.
 
 mod console;
-mod database;
 mod error;
 mod layers;
+mod limits;
 mod messages;
-mod redact;
+mod options;
+mod secret;
 mod sections;
 mod validate;
 mod values;
@@ -49,67 +54,19 @@ mod values;
 mod tests;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-pub use console::{ConsoleSettings, Secret};
-pub use database::{connect_options as pg_connect_options, url_password, UrlProblem};
+pub use console::ConsoleSettings;
 pub use error::ConfigError;
-pub use redact::DatabaseUrl;
+pub use limits::{MAX_CONSUMERS, MAX_DURATION, MAX_SQL_INT, MIN_EXTRA_CONNECTIONS};
+pub use options::{LoadOptions, DEFAULT_CONFIG_PATH};
+pub use secret::{DatabaseUrl, Secret};
 pub use sections::{
-    CooldownSettings, DatabaseSettings, HttpSettings, LogFormat, LogSettings, OrphanSettings,
-    PerspectiveSettings, QuarantineAfter, Settings, WorkerSettings,
+    CooldownSettings, DatabaseSettings, HttpSettings, LogSettings, OrphanSettings,
+    PerspectiveSettings, Settings, WorkerSettings,
 };
+pub use values::{LogFormat, QuarantineAfter};
 
 use messages::Written;
-
-/// The file read when no `--config` is given, relative to the working directory (only if it
-/// exists).
-pub const DEFAULT_CONFIG_PATH: &str = "config/vantage.toml";
-
-/// Largest value accepted for counts: they end up in SQL `int` parameters.
-pub const MAX_SQL_INT: u64 = i32::MAX as u64;
-
-/// Longest duration accepted for any key. The daemon takes small multiples of intervals (a
-/// loop is flagged when silent for three of them), sends leases and backoffs to SQL as whole
-/// seconds and `idle_in_transaction_session_timeout` as milliseconds in an `int`: a week keeps
-/// every one far from overflow, and no interval of a live daemon needs more.
-pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 60 * 60);
-const MAX_DURATION_TEXT: &str = "7d";
-
-/// Most `worker.consumers`: each is a claim loop with a connection of its own, and more than
-/// this only adds contention on the claim.
-pub const MAX_CONSUMERS: usize = 256;
-
-/// Connections beyond one per consumer the daemon needs: the work listener holds one, and the
-/// background loops (heartbeat, lease renewal, sampler) share one.
-pub const MIN_EXTRA_CONNECTIONS: u64 = 2;
-
-/// Where the layers above the defaults come from.
-#[derive(Debug, Clone, Default)]
-pub struct LoadOptions {
-    /// `--config PATH`. `None` = [`DEFAULT_CONFIG_PATH`] if it exists, else no file.
-    pub config_path: Option<PathBuf>,
-    /// `--database-url`: the highest layer for `database.url`.
-    pub database_url: Option<String>,
-    /// Explicit `("section.key", "value")` overrides (CLI flags), e.g.
-    /// `("worker.consumers", "8")`. Values are parsed like environment variables.
-    pub overrides: Vec<(String, String)>,
-}
-
-impl LoadOptions {
-    /// The file that will be read: the explicit path (even if missing, which is then an error
-    /// at load), else [`DEFAULT_CONFIG_PATH`] if it is a file, else none.
-    pub fn resolved_config_path(&self) -> Option<PathBuf> {
-        match &self.config_path {
-            Some(path) => Some(path.clone()),
-            None => {
-                let default = Path::new(DEFAULT_CONFIG_PATH);
-                default.is_file().then(|| default.to_path_buf())
-            }
-        }
-    }
-}
 
 impl Settings {
     /// Loads and validates the configuration from every layer, reading the process
@@ -151,7 +108,18 @@ impl Settings {
     /// The effective configuration as TOML, with the database password replaced by `***`
     /// (for `vantage config check`). It parses back to the same settings, password aside.
     pub fn redacted_toml(&self) -> String {
-        redact::redacted_toml(self)
+        let mut out = toml::to_string(self).expect(
+            "settings always serialize: every field is a string, number, bool, list or table",
+        );
+        if self.database.url.is_none() {
+            const NOTE: &str =
+                "# url is not set: the connection comes from libpq's PG* environment variables\n";
+            let at = out
+                .find("[database]\n")
+                .map_or(0, |i| i + "[database]\n".len());
+            out.insert_str(at, NOTE);
+        }
+        out
     }
 }
 

@@ -1,4 +1,5 @@
-//! The configuration sections: one struct per `[table]`, with the defaults of SPEC §5.
+//! The configuration sections: one struct per `[table]`, with the defaults of
+//! docs/operations.md, "Configuration".
 //!
 //! Deserialized by serde (`deny_unknown_fields`, so a typo is an error, never a silent
 //! default); each field names the parser of [`values`](super::values) that accepts it and
@@ -6,15 +7,14 @@
 //! URL through its redacting `Serialize`, durations through `humantime_serde`.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::console::ConsoleSettings;
-use super::redact::DatabaseUrl;
-use super::values;
+use super::secret::DatabaseUrl;
+use super::values::{self, LogFormat, QuarantineAfter};
 
 /// The effective configuration of one vantage process.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -137,7 +137,7 @@ impl Default for WorkerSettings {
     }
 }
 
-/// `[cooldown]`: the cache of recently applied work ids (SPEC §1.3).
+/// `[cooldown]`: the cache of recently applied work ids (docs/pipeline.md, "The cooldown cache").
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CooldownSettings {
@@ -162,7 +162,7 @@ impl Default for CooldownSettings {
     }
 }
 
-/// `[orphans]`: instance liveness (SPEC §1.5).
+/// `[orphans]`: instance liveness (docs/pipeline.md, "Instances and orphans").
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OrphanSettings {
@@ -222,34 +222,7 @@ impl Default for LogSettings {
     }
 }
 
-/// `log.format`
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
-impl LogFormat {
-    /// The configuration spelling: `text` or `json`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LogFormat::Text => "text",
-            LogFormat::Json => "json",
-        }
-    }
-}
-
-impl fmt::Display for LogFormat {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// One `[[perspectives]]` entry: a SQL perspective (SPEC §3.1).
+/// One `[[perspectives]]` entry: a SQL perspective (docs/sql-contract.md, "SQL perspectives").
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PerspectiveSettings {
@@ -283,37 +256,4 @@ pub struct PerspectiveSettings {
         skip_serializing_if = "Option::is_none"
     )]
     pub quarantine_after: Option<QuarantineAfter>,
-}
-
-/// `perspectives[].quarantine_after`: pause the perspective once `dead_letters` of its events
-/// were dead-lettered within `window` (counting only those since it was last resumed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QuarantineAfter {
-    /// N: at least 1.
-    pub dead_letters: u32,
-    /// DURATION: more than zero, at most [`MAX_DURATION`](super::MAX_DURATION).
-    pub window: Duration,
-}
-
-impl QuarantineAfter {
-    /// The pause reason it records: `quarantined: 50 dead letters in 5m`.
-    pub fn reason(&self) -> String {
-        format!(
-            "quarantined: {} dead letters in {}",
-            self.dead_letters,
-            humantime::format_duration(self.window)
-        )
-    }
-}
-
-impl fmt::Display for QuarantineAfter {
-    /// As written in the configuration: `50 in 5m`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} in {}",
-            self.dead_letters,
-            humantime::format_duration(self.window)
-        )
-    }
 }

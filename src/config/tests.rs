@@ -1,6 +1,6 @@
 //! Unit tests of loading, layering, messages and redaction (moved with the code from config.rs).
 
-use super::redact::scrub_secrets;
+use super::secret::scrub_secrets;
 use super::*;
 use std::io::Write;
 use std::time::Duration;

@@ -5,11 +5,12 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use super::database::check_pg_env;
 use super::error::ConfigError;
+use super::limits::{MAX_DURATION_TEXT, MIN_EXTRA_CONNECTIONS};
 use super::messages::{quote, Written};
 use super::sections::{PerspectiveSettings, Settings};
-use super::{MAX_DURATION_TEXT, MIN_EXTRA_CONNECTIONS};
+use crate::connection::check_pg_env;
+use crate::statement::Statements;
 
 fn shown(d: Duration) -> String {
     quote(&humantime::format_duration(d).to_string())
@@ -209,20 +210,25 @@ fn perspectives(list: &[PerspectiveSettings], w: &Written) -> Result<(), ConfigE
 }
 
 /// What can be refused about SQL perspective statements without a database (the rules are the
-/// SQL perspective's own, [`SqlPerspective::check`](crate::perspective::SqlPerspective::check)):
-/// a subscribed type with no statement to run (`"*"` needs a `"*"` statement), a parameter
-/// beyond `$7` (or any in `reset`), a statement that ends or controls the transaction. The
-/// daemon checks again after preparing, with PostgreSQL's own parameter count.
+/// crate's `statement` module, which the SQL perspective applies too): a subscribed type with
+/// no statement to run (`"*"` needs a `"*"` statement), a parameter beyond `$7` (or any in
+/// `reset`), a statement that ends or controls the transaction. The daemon checks again after
+/// preparing, with PostgreSQL's own parameter count.
 pub(super) fn validate_perspective_statements(
     perspectives: &[PerspectiveSettings],
 ) -> Result<(), ConfigError> {
     for (i, p) in perspectives.iter().enumerate() {
-        crate::perspective::SqlPerspective::from_settings(p)
-            .check()
-            .map_err(|e| ConfigError::Invalid {
-                key: format!("perspectives[{i}].{}", e.key),
-                message: e.to_string(),
-            })?;
+        Statements {
+            name: &p.name,
+            events: &p.events,
+            sql: &p.sql,
+            reset: p.reset.as_deref(),
+        }
+        .check(true)
+        .map_err(|e| ConfigError::Invalid {
+            key: format!("perspectives[{i}].{}", e.key),
+            message: e.to_string(),
+        })?;
     }
     Ok(())
 }

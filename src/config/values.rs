@@ -1,6 +1,6 @@
-//! The value parsers the sections name in `deserialize_with`: each accepts what its key
-//! accepts and otherwise fails with what it expected, which becomes the "expected …" part of
-//! the message. Scalars accept their string spelling too, because environment variables and
+//! The value parsers the sections name in `deserialize_with`, and the value types they produce
+//! (`LogFormat`, `QuarantineAfter`): each parser accepts what its key accepts and otherwise
+//! fails with what it expected, which becomes the "expected …" part of the message. Scalars accept their string spelling too, because environment variables and
 //! overrides are always strings.
 //!
 //! Every bound on a single value lives here (a duration of at most [`MAX_DURATION`], at most
@@ -13,11 +13,71 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::de::{self, Deserialize, Deserializer, SeqAccess, Visitor};
+use serde::Serialize;
 
-use super::database::UrlProblem;
-use super::redact::DatabaseUrl;
-use super::sections::{LogFormat, QuarantineAfter};
-use super::{MAX_CONSUMERS, MAX_DURATION, MAX_DURATION_TEXT, MAX_SQL_INT};
+use super::limits::{MAX_CONSUMERS, MAX_DURATION, MAX_DURATION_TEXT, MAX_SQL_INT};
+use super::secret::DatabaseUrl;
+use crate::connection::UrlProblem;
+
+/// `log.format`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl LogFormat {
+    /// The configuration spelling: `text` or `json`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
+impl fmt::Display for LogFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `perspectives[].quarantine_after`: pause the perspective once `dead_letters` of its events
+/// were dead-lettered within `window` (counting only those since it was last resumed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuarantineAfter {
+    /// N: at least 1.
+    pub dead_letters: u32,
+    /// DURATION: more than zero, at most [`MAX_DURATION`].
+    pub window: Duration,
+}
+
+impl QuarantineAfter {
+    /// The pause reason it records: `quarantined: 50 dead letters in 5m`.
+    pub fn reason(&self) -> String {
+        format!(
+            "quarantined: {} dead letters in {}",
+            self.dead_letters,
+            humantime::format_duration(self.window)
+        )
+    }
+}
+
+impl fmt::Display for QuarantineAfter {
+    /// As written in the configuration: `50 in 5m`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} in {}",
+            self.dead_letters,
+            humantime::format_duration(self.window)
+        )
+    }
+}
 
 /// Marks an error message as ours: what follows is the "expected" text. Anything else that
 /// serde reports (unknown or missing fields, a table where a list belongs) is told apart by
@@ -150,7 +210,7 @@ pub(super) fn consumers<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Err
 
 /// `worker.max_perspective_event_attempts`: a positive integer or `"off"`.
 pub(super) mod attempts {
-    use super::*;
+    use super::{expected, Deserialize, Deserializer, Scalar, MAX_SQL_INT};
     use serde::Serializer;
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
@@ -176,7 +236,9 @@ pub(super) mod attempts {
 /// no multiple the daemon takes of one (a loop's liveness bound is three intervals) can
 /// overflow. Written back through `humantime_serde`.
 pub(super) mod duration {
-    use super::*;
+    use super::{
+        expected, Deserialize, Deserializer, Duration, Scalar, MAX_DURATION, MAX_DURATION_TEXT,
+    };
     use serde::Serializer;
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -203,7 +265,10 @@ pub(super) mod duration {
 /// `perspectives[].quarantine_after`: `"N in DURATION"`, N a positive integer, DURATION a
 /// duration with a unit, more than zero and at most [`MAX_DURATION`].
 pub(super) mod quarantine_after {
-    use super::*;
+    use super::{
+        expected, Deserialize, Deserializer, QuarantineAfter, Scalar, MAX_DURATION,
+        MAX_DURATION_TEXT, MAX_SQL_INT,
+    };
     use serde::Serializer;
 
     pub fn deserialize<'de, D: Deserializer<'de>>(
@@ -356,7 +421,7 @@ pub(super) fn database_url<'de, D: Deserializer<'de>>(
     if s.trim().is_empty() {
         return Ok(None);
     }
-    super::database::connect_options(&s).map_err(|problem| match problem {
+    crate::connection::connect_options(&s).map_err(|problem| match problem {
         UrlProblem::NotPostgres => expected("a postgres:// or postgresql:// URL"),
         UrlProblem::Refused(reason) => expected(format!(
             "a postgres:// or postgresql:// URL the PostgreSQL client accepts ({reason})"

@@ -10,6 +10,8 @@
 //! A request that passes carries a [`ConsoleUser`] extension: the actor the action pages write
 //! in the dead-letter history and the audit log.
 
+use std::sync::Arc;
+
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
@@ -17,7 +19,6 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use subtle::ConstantTimeEq;
 
-use super::ConsoleState;
 use crate::config::{ConsoleSettings, Secret};
 
 /// The realm of the challenges.
@@ -106,12 +107,13 @@ fn split_once(bytes: &[u8], at: u8) -> Option<(&[u8], &[u8])> {
 }
 
 /// The middleware: 401 with the challenges unless the request carries valid credentials.
+/// It is given the credentials alone, not the console's state, so authentication does not
+/// depend on the module that wires it in.
 pub async fn require(
-    State(state): State<ConsoleState>,
+    State(credentials): State<Arc<Credentials>>,
     mut request: Request,
     next: Next,
 ) -> Response {
-    let credentials = &state.inner.credentials;
     if !credentials.required() {
         let host = request
             .headers()

@@ -1,4 +1,5 @@
-//! The operator console (SPEC §4.4): server-rendered pages on `console.listen`.
+//! The operator console (docs/cli.md, "The console"): server-rendered pages on
+//! `console.listen`.
 //!
 //! The routes:
 //! - `GET /` — the overview (`pages::overview`): per perspective pending, leased, parked, open
@@ -84,7 +85,7 @@ pub struct ConsoleState {
 #[derive(Debug)]
 struct Inner {
     store: Store,
-    credentials: Credentials,
+    credentials: Arc<Credentials>,
     read_only: bool,
     perspectives: Vec<PerspectiveSettings>,
     flashes: flash::Flashes,
@@ -98,7 +99,7 @@ impl ConsoleState {
         ConsoleState {
             inner: Arc::new(Inner {
                 store,
-                credentials: Credentials::from_settings(&settings.console),
+                credentials: Arc::new(Credentials::from_settings(&settings.console)),
                 read_only: settings.console.read_only,
                 perspectives: settings.perspectives.clone(),
                 flashes: flash::Flashes::default(),
@@ -147,7 +148,7 @@ pub fn router(state: ConsoleState) -> Router {
         )
         .fallback(pages::not_found)
         .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            Arc::clone(&state.inner.credentials),
             auth::require,
         ))
         .with_state(state);

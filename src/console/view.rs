@@ -91,12 +91,12 @@ pub fn visible(html: String) -> String {
 
 /// A time as the CLI shows it: RFC 3339, UTC, milliseconds.
 pub fn at(t: &DateTime<Utc>) -> String {
-    crate::cli::output::timestamp(t)
+    crate::present::timestamp(t)
 }
 
 /// An age as the CLI shows it (`1h 2m`).
 pub fn age(seconds: f64) -> String {
-    crate::cli::output::human_age(seconds)
+    crate::present::human_age(seconds)
 }
 
 /// `/dead-letters?…` with these parameters (empty values left out), form-encoded.

@@ -3,7 +3,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{Perspective, SqlPerspective, SqlPerspectiveError};
+use super::handler::Perspective;
+use super::sql::{SqlPerspective, SqlPerspectiveError};
 use crate::config::PerspectiveSettings;
 use crate::store::{Store, StoreError};
 

@@ -13,10 +13,9 @@
 use async_trait::async_trait;
 use serde::de::{self, DeserializeOwned, DeserializeSeed, Visitor};
 use serde::Deserializer;
-use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{ApplyError, EventEnvelope, Perspective};
+use super::handler::{ApplyError, ApplyTx, EventEnvelope, Perspective};
 
 /// One event with its payload deserialized, as a [`TypedPerspective`] sees it. The fields
 /// are those of [`EventEnvelope`], with `data` of the perspective's event type.
@@ -202,56 +201,6 @@ pub fn decode_event<E: DeserializeOwned>(
 ) -> Result<E, PayloadError> {
     serde_path_to_error::deserialize(EventDeserializer { event_type, data })
         .map_err(|error| PayloadError::new(event_type, error))
-}
-
-/// The database side of one apply: the transaction that also completes the event's work row,
-/// when there is one.
-///
-/// The daemon on PostgreSQL always has one ([`ApplyTx::postgres`]); a host without a database
-/// (an in-memory mode, a unit test of a perspective's handler) has none ([`ApplyTx::none`]),
-/// and [`connection`](ApplyTx::connection) then fails with a clear permanent error instead of
-/// writing somewhere else.
-///
-/// ```
-/// use vantage::perspective::{ApplyError, ApplyTx};
-///
-/// let mut tx = ApplyTx::none();
-/// assert!(!tx.has_database());
-/// assert!(matches!(tx.connection(), Err(ApplyError::Permanent(_))));
-/// ```
-#[derive(Debug)]
-pub struct ApplyTx<'a> {
-    conn: Option<&'a mut PgConnection>,
-}
-
-/// The text of the error [`ApplyTx::connection`] returns when there is no transaction.
-pub const NO_TRANSACTION: &str = "this perspective needs the database transaction, \
-     and this apply has none (no PostgreSQL: in-memory mode or a unit test)";
-
-impl<'a> ApplyTx<'a> {
-    /// The transaction on PostgreSQL that also completes the event's work row.
-    pub fn postgres(conn: &'a mut PgConnection) -> ApplyTx<'a> {
-        ApplyTx { conn: Some(conn) }
-    }
-
-    /// No database: a perspective that asks for the connection fails permanently.
-    pub fn none() -> ApplyTx<'static> {
-        ApplyTx { conn: None }
-    }
-
-    /// Whether there is a database transaction.
-    pub fn has_database(&self) -> bool {
-        self.conn.is_some()
-    }
-
-    /// The transaction, to run statements on (`.execute(tx.connection()?)`); their effects
-    /// commit together with the completion of the work row. Without a database:
-    /// [`ApplyError::Permanent`] with the text [`NO_TRANSACTION`].
-    pub fn connection(&mut self) -> Result<&mut PgConnection, ApplyError> {
-        self.conn
-            .as_deref_mut()
-            .ok_or_else(|| ApplyError::Permanent(NO_TRANSACTION.to_string()))
-    }
 }
 
 /// A read model whose events arrive deserialized as [`TypedPerspective::Event`]. Run it with
@@ -468,6 +417,7 @@ impl<'de> de::VariantAccess<'de> for Payload<'de> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::perspective::NO_TRANSACTION;
     use serde::Deserialize;
     use serde_json::json;
 

@@ -104,30 +104,13 @@ impl<'a> StatementBatch<'a> {
 /// identifier's letters): a parameter is only ever read through such a token, so a false
 /// "mentioned" costs the bytes of sending it and a false "not mentioned" cannot happen.
 /// `$01` is `$1`, as the server reads it; numbers beyond 7 fail on the server either way.
+/// The scanner is the one validation uses ([`crate::statement::scan`]); this counts every `$n`
+/// it finds, read by the server or not.
 fn mentioned_params(statement: &str) -> u8 {
-    let bytes = statement.as_bytes();
-    let mut mask = 0u8;
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] != b'$' {
-            i += 1;
-            continue;
-        }
-        i += 1;
-        let mut value: u32 = 0;
-        let mut digits = 0;
-        while i < bytes.len() && bytes[i].is_ascii_digit() {
-            value = value
-                .saturating_mul(10)
-                .saturating_add(u32::from(bytes[i] - b'0'));
-            digits += 1;
-            i += 1;
-        }
-        if digits > 0 && (1..=7).contains(&value) {
-            mask |= 1 << (value - 1);
-        }
-    }
-    mask
+    crate::statement::scan::dollar_numbers(statement)
+        .into_iter()
+        .filter(|d| (1..=7).contains(&d.number))
+        .fold(0u8, |mask, d| mask | 1 << (d.number - 1))
 }
 
 #[cfg(test)]

@@ -40,6 +40,8 @@ pub use memory::{MemoryStore, MemoryTx, MemoryWork};
 pub use status::{PerspectiveStatus, StoreGauges};
 pub use triage::{BlockedLane, BlockedTotals, ErrorGroup, PauseState, QUARANTINE_BY};
 pub use work::{PgWorkTx, WorkStore, WorkTx};
+// Kept under its old path: callers classify a sqlx error where they hold one.
+pub use crate::sqlstate::is_connection_error;
 
 /// The statements that change rows leased to us, for this crate's integration tests only (through
 /// [`crate::internals`]): the pipeline reaches them through [`WorkStore`] and [`WorkTx`].
@@ -174,24 +176,6 @@ impl StoreError {
     }
 }
 
-/// True for sqlx errors caused by a lost or refused connection rather than by the statement.
-pub fn is_connection_error(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Tls(_) => true,
-        sqlx::Error::Database(db) => {
-            // 08xxx connection exceptions, 57P01-03 admin/crash shutdown, cannot connect now.
-            db.code()
-                .map(|c| c.starts_with("08") || c.starts_with("57P"))
-                .unwrap_or(false)
-        }
-        _ => false,
-    }
-}
-
 fn map_db_error(e: sqlx::Error) -> StoreError {
     if let sqlx::Error::Database(db) = &e {
         if db.code().as_deref() == Some("40001") {
@@ -250,7 +234,7 @@ impl StoreOptions {
         let base = match &self.url {
             // Parsed as configuration parses it (libpq's empty host for a Unix socket
             // included), so what `config check` accepts connects.
-            Some(url) => crate::config::pg_connect_options(url)
+            Some(url) => crate::connection::connect_options(url)
                 .map_err(|e| StoreError::InvalidUrl(e.to_string()))?,
             None => PgConnectOptions::new(),
         };
@@ -315,7 +299,7 @@ fn migrate_error(schema: &str, error: sqlx::Error) -> StoreError {
 }
 
 fn redact_error(message: &str, url: &str) -> String {
-    match crate::config::url_password(url) {
+    match crate::connection::url_password(url) {
         Some(p) if !p.is_empty() => message.replace(&p, "***"),
         _ => message.to_string(),
     }

@@ -95,7 +95,7 @@ impl Outcome {
         }
     }
 
-    /// What the CLI would say about it (SPEC §4.2 messages).
+    /// What the CLI would say about it (the messages of docs/cli.md, "vantage dlq").
     pub fn message(&self, action: Action, dl: &DeadLetter) -> Flash {
         let (n, p) = (dl.global_position, dl.perspective_name.as_str());
         let verb = match action {

@@ -69,7 +69,7 @@ pub async fn show(
                 },
                 error: l
                     .last_error
-                    .map(|e| crate::cli::output::shorten(&e, 160))
+                    .map(|e| crate::present::shorten(&e, 160))
                     .unwrap_or_default(),
                 waiting: l.waiting,
                 waiting_since: l

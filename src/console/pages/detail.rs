@@ -7,7 +7,6 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use crate::cli::output::sort_keys;
 use crate::console::error::PageError;
 use crate::console::view::{
     self, ActionsView, DeadLetterView, DetailPage, EventView, HistoryRow, PreviewRow,
@@ -15,6 +14,7 @@ use crate::console::view::{
 };
 use crate::console::ConsoleState;
 use crate::dlq::{self, msg, DryRun, Preview};
+use crate::present::sort_keys;
 use crate::store::{DeadLetter, StoredEvent};
 
 /// The event, if what was read really is the dead letter's event.

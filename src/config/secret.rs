@@ -1,13 +1,56 @@
-//! Keeping the database password out of everything vantage prints: the URL type whose
-//! `Debug`, `Display` and `Serialize` hide it, the scrubber for messages that quote user input,
-//! and the redacted TOML of `vantage config check`.
+//! Keeping secrets out of everything vantage prints, in one place: the secret type of the
+//! console's credentials and the database URL type, whose `Debug`, `Display` and `Serialize`
+//! hide what they hold, the keys whose values are never quoted, and the scrubber for messages
+//! that quote user input. Everything else in `config` that prints reads from here; this file
+//! reads nothing of theirs.
 
 use std::fmt;
 
 use serde::{Serialize, Serializer};
 
-use super::database::{with_host, NO_HOST};
-use super::sections::Settings;
+use crate::connection::{with_host, NO_HOST};
+
+/// The keys whose values are secrets: shown as `***` by `config check` and in every message.
+pub(super) const SECRET_KEYS: &[&str] = &["console.auth_token", "console.basic_password"];
+
+/// What a secret is shown as.
+pub const REDACTED: &str = "***";
+
+/// A secret from the configuration (a token, a password). `Debug`, `Display` and `Serialize`
+/// hide it; [`expose`](Self::expose) gives it to the one comparison that needs it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret.
+    pub fn new(secret: impl Into<String>) -> Self {
+        Self(secret.into())
+    }
+
+    /// The secret itself: for the constant-time comparison of credentials and nothing else.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Secret({REDACTED})")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+/// Always redacted: serializing settings can never write a secret.
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(REDACTED)
+    }
+}
 
 /// A database URL whose `Debug`, `Display` and `Serialize` hide the password, so it cannot be
 /// logged or printed by accident. [`expose`](Self::expose) returns the real string for the
@@ -84,21 +127,6 @@ impl Serialize for DatabaseUrl {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&self.redacted())
     }
-}
-
-/// The effective configuration as TOML, password redacted (see [`Settings::redacted_toml`]).
-pub(super) fn redacted_toml(settings: &Settings) -> String {
-    let mut out = toml::to_string(settings)
-        .expect("settings always serialize: every field is a string, number, bool, list or table");
-    if settings.database.url.is_none() {
-        const NOTE: &str =
-            "# url is not set: the connection comes from libpq's PG* environment variables\n";
-        let at = out
-            .find("[database]\n")
-            .map_or(0, |i| i + "[database]\n".len());
-        out.insert_str(at, NOTE);
-    }
-    out
 }
 
 /// Replaces the password of anything that looks like `scheme://user:password@host` and any

@@ -1,5 +1,7 @@
-//! The database URL and libpq's `PG*` variables, read as the PostgreSQL client reads them, so
-//! that what configuration accepts is what the connection accepts.
+//! Connection options: the database URL and libpq's `PG*` variables, read as the PostgreSQL
+//! client reads them. Configuration validates with these functions and the store connects
+//! with them, so what `config check` accepts is what the connection accepts; they sit below
+//! both, so neither has to ask the other.
 //!
 //! libpq allows an empty host, `postgres://user:password@/db?host=/run/postgresql` (a Unix
 //! socket directory, or the default socket when no `host` is given). The URL parser under
@@ -14,11 +16,11 @@ use std::str::FromStr;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
 /// Stands in for an empty host while parsing; `.invalid` can never resolve (RFC 2606).
-pub(super) const NO_HOST: &str = "empty-host.vantage.invalid";
+pub(crate) const NO_HOST: &str = "empty-host.vantage.invalid";
 
 /// Why a URL cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum UrlProblem {
+pub(crate) enum UrlProblem {
     /// Not a URL, or not `postgres://` / `postgresql://`.
     NotPostgres,
     /// The PostgreSQL client refuses it (an unknown `sslmode`, a bad `port` parameter, …).
@@ -35,7 +37,7 @@ impl fmt::Display for UrlProblem {
 }
 
 /// `url` with [`NO_HOST`] put where its host is empty, and whether that was needed.
-pub(super) fn with_host(url: &str) -> (String, bool) {
+pub(crate) fn with_host(url: &str) -> (String, bool) {
     let Some(start) = url.find("://").map(|i| i + 3) else {
         return (url.to_owned(), false);
     };
@@ -55,7 +57,7 @@ pub(super) fn with_host(url: &str) -> (String, bool) {
 }
 
 /// The parsed URL ([`NO_HOST`] in place of an empty host) and whether it had to be put there.
-pub(super) fn parse_url(url: &str) -> Result<(url::Url, bool), UrlProblem> {
+fn parse_url(url: &str) -> Result<(url::Url, bool), UrlProblem> {
     let (text, placeholder) = with_host(url);
     match url::Url::parse(&text) {
         Ok(parsed) if matches!(parsed.scheme(), "postgres" | "postgresql") => {
@@ -66,7 +68,7 @@ pub(super) fn parse_url(url: &str) -> Result<(url::Url, bool), UrlProblem> {
 }
 
 /// The password of `url` as written in it, if any (to scrub it from messages).
-pub fn url_password(url: &str) -> Option<String> {
+pub(crate) fn url_password(url: &str) -> Option<String> {
     let (parsed, _) = parse_url(url).ok()?;
     parsed.password().map(str::to_owned)
 }
@@ -77,7 +79,7 @@ fn has_param(url: &url::Url, names: &[&str]) -> bool {
 
 /// The connection options of `url`, parsed by sqlx (the same parser the pool uses). Errors
 /// never contain the password.
-pub fn connect_options(url: &str) -> Result<PgConnectOptions, UrlProblem> {
+pub(crate) fn connect_options(url: &str) -> Result<PgConnectOptions, UrlProblem> {
     let (parsed, placeholder) = parse_url(url)?;
     let mut options = PgConnectOptions::from_str(parsed.as_str()).map_err(|e| {
         let mut reason = e.to_string();
@@ -96,12 +98,12 @@ pub fn connect_options(url: &str) -> Result<PgConnectOptions, UrlProblem> {
 }
 
 /// libpq's variables that vantage checks (the others are free text). Empty counts as unset.
-pub(super) const PG_VARS: &[&str] = &["PGPORT", "PGSSLMODE"];
+pub(crate) const PG_VARS: &[&str] = &["PGPORT", "PGSSLMODE"];
 
 /// A `PG*` variable the connection would read but cannot use: (variable, value, expected).
 /// Each is checked only where the URL leaves it to the environment (no URL, or a URL without
 /// a port or an `sslmode`), as libpq does.
-pub(super) fn check_pg_env(
+pub(crate) fn check_pg_env(
     url: Option<&str>,
     env: &HashMap<String, String>,
 ) -> Result<(), (&'static str, String, &'static str)> {
