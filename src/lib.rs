@@ -100,5 +100,9 @@ mod model;
 /// fenced per-row statements directly). Anything here may change in any release.
 #[doc(hidden)]
 pub mod internals {
-    pub use crate::store::leased as leases;
+    /// The statements that change rows leased to us (the pipeline reaches them through
+    /// `WorkStore` and `WorkTx`).
+    pub mod leases {
+        pub use crate::store::leases::*;
+    }
 }

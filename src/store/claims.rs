@@ -7,8 +7,10 @@ use sqlx::postgres::PgRow;
 use sqlx::{Column, Row};
 use uuid::Uuid;
 
+use super::error::{map_db_error, StoreError};
+use super::handle::Store;
+use super::instances::InstanceId;
 use super::leases::lease_seconds;
-use super::{map_db_error, InstanceId, Store, StoreError};
 
 /// A lane head acquired by `claim_orphaned_perspective_events`.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]

@@ -15,7 +15,9 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
-use super::{map_db_error, DeadLetter, Store, StoreError};
+use super::dead_letters::DeadLetter;
+use super::error::{map_db_error, StoreError};
+use super::handle::Store;
 
 /// Characters of the error text a list row carries.
 pub const ERROR_PREVIEW_CHARS: i32 = 200;

@@ -7,7 +7,8 @@ use std::str::FromStr;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{map_db_error, Store, StoreError};
+use super::error::{map_db_error, StoreError};
+use super::handle::Store;
 
 /// The only source table vantage dead-letters from.
 pub const SOURCE_TABLE: &str = "wh_perspective_events";

@@ -18,7 +18,7 @@ use sqlx::PgConnection;
 
 use uuid::Uuid;
 
-use super::{map_db_error, StoreError};
+use super::error::{map_db_error, StoreError};
 use crate::text::MAX_TEXT;
 
 /// The seven parameters of an event's statement, owned.

@@ -4,7 +4,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::{map_db_error, Store, StoreError};
+use super::error::{map_db_error, StoreError};
+use super::handle::Store;
 
 /// One event to append (`append_events`' element shape).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

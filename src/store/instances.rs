@@ -3,9 +3,35 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use std::fmt;
+
 use uuid::Uuid;
 
-use super::{map_db_error, InstanceId, Store, StoreError};
+use super::error::{map_db_error, StoreError};
+use super::handle::Store;
+
+/// Identifies one daemon process: the lease holder of the rows it claims.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InstanceId(pub Uuid);
+
+impl InstanceId {
+    /// A fresh random instance id.
+    pub fn new() -> Self {
+        InstanceId(Uuid::new_v4())
+    }
+}
+
+impl Default for InstanceId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for InstanceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
 
 /// What an instance says about itself when it registers.
 #[derive(Clone, Debug, PartialEq, Eq)]

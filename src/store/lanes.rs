@@ -8,7 +8,8 @@
 
 use uuid::Uuid;
 
-use super::{map_db_error, Store, StoreError};
+use super::error::{map_db_error, StoreError};
+use super::handle::Store;
 
 /// Where a reconciliation walk stands: after this (perspective, stream) key.
 pub type LaneCursor = Option<(String, Uuid)>;

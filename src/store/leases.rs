@@ -13,7 +13,8 @@ use uuid::Uuid;
 
 use super::apply::StatementBatch;
 use super::dead_letters::{MoveOutcome, SOURCE_TABLE};
-use super::{map_db_error, InstanceId, StoreError};
+use super::error::{map_db_error, StoreError};
+use super::instances::InstanceId;
 
 /// Lease lengths in whole seconds, as the SQL functions take them (at least one).
 pub(crate) fn lease_seconds(lease: Duration) -> i32 {

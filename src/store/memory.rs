@@ -25,10 +25,13 @@ use async_trait::async_trait;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use super::apply::StatementBatch;
+use super::claims::WorkRow;
+use super::dead_letters::MoveOutcome;
+use super::error::StoreError;
+use super::events::{AppendedEvent, NewEvent};
+use super::instances::InstanceId;
 use super::work::{WorkStore, WorkTx};
-use super::{
-    AppendedEvent, InstanceId, MoveOutcome, NewEvent, StatementBatch, StoreError, WorkRow,
-};
 
 /// A work row still in the memory store, as [`MemoryStore::work`] shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]

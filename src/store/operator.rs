@@ -5,7 +5,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgConnection;
 
-use super::{map_db_error, Store, StoreError};
+use super::error::{map_db_error, StoreError};
+use super::handle::Store;
 
 impl Store {
     /// The database's clock, so ages shown to operators (heartbeats, dead letters) are measured

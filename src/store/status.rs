@@ -2,7 +2,8 @@
 
 use uuid::Uuid;
 
-use super::{map_db_error, Store, StoreError};
+use super::error::{map_db_error, StoreError};
+use super::handle::Store;
 
 /// Work and dead letters of one perspective.
 #[derive(Clone, Debug, PartialEq, sqlx::FromRow)]

@@ -18,7 +18,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{map_db_error, Store, StoreError};
+use super::error::{map_db_error, StoreError};
+use super::handle::Store;
 
 /// Who a quarantine's pause is by (`paused_by`, shown by `status` and the console).
 pub const QUARANTINE_BY: &str = "vantage quarantine";

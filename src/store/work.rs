@@ -13,8 +13,13 @@ use async_trait::async_trait;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use super::apply::StatementBatch;
+use super::claims::WorkRow;
+use super::dead_letters::MoveOutcome;
+use super::error::StoreError;
+use super::handle::Store;
+use super::instances::InstanceId;
 use super::leases;
-use super::{InstanceId, MoveOutcome, StatementBatch, Store, StoreError, WorkRow};
 
 /// What the pipeline needs from a store of work rows. Cheap to clone (a handle).
 #[async_trait]

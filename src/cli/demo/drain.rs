@@ -1,7 +1,7 @@
 //! Appends the sample and drains it: the producer in the background, progress every tick,
 //! until nothing is pending and every poison event is dead-lettered; then the report.
 
-use super::Addresses;
+use super::args::Addresses;
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
+use super::args::{store_failure, DemoArgs};
 use super::config::{DemoConfig, DEMO_CONFIG_PATH};
 use super::producer::{append_sample, AbortOnDrop, Counters, Produced};
 use super::progress::{Progress, Snapshot};
 use super::report::{print_report, thousands};
 use super::sample::{Sample, POISON_EVENTS};
-use super::{store_failure, DemoArgs};
 use crate::cli::exit;
 use crate::store::{DeadLetter, Store};
 

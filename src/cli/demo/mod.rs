@@ -17,6 +17,7 @@
 //! `progress` on stderr), `report` (what is printed at the end, with the commands of
 //! `cli_hint`) and `signals` (Ctrl-C).
 
+mod args;
 mod cli_hint;
 mod config;
 mod console;
@@ -29,11 +30,11 @@ mod signals;
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use clap::Args;
 use tokio_util::sync::CancellationToken;
 
+pub use self::args::DemoArgs;
+use self::args::{store_failure, Addresses};
 use self::config::{DatabaseSource, DemoConfig, READ_MODEL_DDL};
 use self::console::DemoConsole;
 use self::drain::produce_and_drain;
@@ -43,28 +44,11 @@ use self::signals::watch_signals;
 use super::{exit, GlobalArgs};
 use crate::config::DatabaseUrl;
 use crate::daemon::DaemonBuilder;
-use crate::store::{Store, StoreError, StoreOptions};
+use crate::store::{Store, StoreOptions};
 use crate::throwaway::ThrowawayPostgres;
 
 pub use self::config::DEMO_CONFIG_PATH;
 pub use self::sample::POISON_EVENTS;
-
-/// Options of `vantage demo`.
-#[derive(Debug, Clone, Args)]
-pub struct DemoArgs {
-    /// Exit after the drain instead of running until Ctrl-C.
-    #[arg(long)]
-    pub once: bool,
-    /// Orders in the sample (one stream each, 2 to 4 events).
-    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(10..=1_000_000))]
-    pub orders: u32,
-    /// Customers placing them.
-    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    pub customers: u32,
-    /// Give up (exit 1) if the sample is not drained within this time.
-    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration, value_name = "DURATION")]
-    pub timeout: Duration,
-}
 
 /// Runs `vantage demo`. Exit 0 after the demo (and, without `--once`, after Ctrl-C); 1 when
 /// the drain fails or times out; 2 when no database is configured and none can be started;
@@ -280,18 +264,4 @@ async fn with_store(
         eprintln!("Stopped.");
     }
     code
-}
-
-/// Where the demo serves HTTP: the daemon's metrics and probes, and the console.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Addresses {
-    /// `/metrics`, `/healthz`, `/readyz`.
-    pub(super) http: SocketAddr,
-    /// The operator console, when it could be started.
-    pub(super) console: Option<SocketAddr>,
-}
-
-fn store_failure(what: &str, e: &StoreError) -> i32 {
-    eprintln!("vantage demo: {what}: {e}");
-    exit::for_store_error(e)
 }

@@ -2,16 +2,16 @@
 //! each read model table, the metrics URL and the commands to try; and the number and text
 //! formatting the demo's output shares.
 
-use super::Addresses;
+use super::args::Addresses;
 use std::io::Write;
 
 use chrono::Utc;
 use uuid::Uuid;
 
+use super::args::DemoArgs;
 use super::cli_hint::CliHint;
 use super::config::{DatabaseSource, DemoConfig};
 use super::sample::{timestamp, POISON_EVENTS};
-use super::DemoArgs;
 use crate::cli::output;
 use crate::store::{DeadLetter, Store};
 

@@ -6,8 +6,8 @@ use std::collections::HashSet;
 
 use uuid::Uuid;
 
+use super::context::{ApplyContext, Lane};
 use super::judge::{self, Failure, Verdict};
-use super::{ApplyContext, Lane};
 use crate::pipeline::backoff::retry_delay;
 use crate::pipeline::lease::LeasedBatch;
 use crate::pipeline::settle::{self, Abort, ApplyBatchError, BatchOutcome, Decisions, PassTx};

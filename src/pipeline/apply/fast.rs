@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
+use super::context::{ApplyContext, Lane};
 use super::judge::{self, Failure};
-use super::{ApplyContext, Lane};
 use crate::perspective::{ApplyError, EventEnvelope, Perspective};
 use crate::pipeline::lease::LeasedBatch;
 use crate::pipeline::settle::{self, Abort, BatchOutcome, Decisions, PassTx};

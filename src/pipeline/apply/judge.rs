@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::ApplyContext;
+use super::context::ApplyContext;
 use crate::perspective::{ApplyError, ApplyTx, EventEnvelope, Perspective};
 use crate::pipeline::settle::HEALTH_PROBE;
 use crate::store::{WorkStore, WorkTx};

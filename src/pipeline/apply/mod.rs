@@ -34,53 +34,27 @@
 //! (a handler call and what its failure means); this one holds the strategy between them.
 
 mod careful;
+mod context;
 mod fast;
 mod judge;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use uuid::Uuid;
 
 use self::careful::{apply_careful, Careful};
+pub use self::context::ApplyContext;
+use self::context::{lanes, Lane};
 use self::fast::apply_fast;
 use super::backoff::retry_delay;
-use super::cooldown::CooldownCache;
 use super::envelope::EventEnvelope;
-use super::inflight::InFlight;
 use super::lease::LeasedBatch;
 use super::settle::Abort;
 pub use super::settle::{ApplyBatchError, BatchOutcome};
-use crate::perspective::{Perspective, PerspectiveRegistry};
-use crate::store::{InstanceId, WorkStore};
-
-/// Everything the apply stage needs.
-#[derive(Clone)]
-pub struct ApplyContext<S: WorkStore> {
-    /// The store.
-    pub store: S,
-    /// Our lease holder id.
-    pub instance: InstanceId,
-    /// Handlers by perspective name.
-    pub registry: PerspectiveRegistry,
-    /// The cooldown cache (None when disabled).
-    pub cooldown: Option<Arc<CooldownCache>>,
-    /// `worker.retry_backoff_base`.
-    pub backoff_base: Duration,
-    /// `worker.retry_backoff_max`.
-    pub backoff_max: Duration,
-    /// `worker.max_perspective_event_attempts`, for log lines.
-    pub max_attempts: Option<u32>,
-    /// `worker.apply_timeout`: the deadline of one apply.
-    pub apply_timeout: Duration,
-    /// Batches still to run one lane per transaction, shared by the consumer loops of the
-    /// process: set after a lock conflict, counted down per batch (see [`apply_batch`]).
-    pub small_transactions: Arc<AtomicU32>,
-    /// The process's work in flight (batch transactions are listed there for shutdown).
-    pub inflight: Arc<InFlight>,
-}
+use crate::store::WorkStore;
 
 /// How many batches run one lane per transaction after a lock conflict before whole-batch
 /// transactions are tried again.
@@ -88,47 +62,6 @@ const SMALL_TRANSACTION_BATCHES: u32 = 20;
 
 /// How many times a lane is run before a lock conflict is charged to the row that hit it.
 const CONFLICT_ROUNDS: u64 = 4;
-
-/// One lane's events, in stream_version order, with its handler.
-#[derive(Clone)]
-struct Lane {
-    perspective: Arc<dyn Perspective>,
-    events: Vec<EventEnvelope>,
-}
-
-impl Lane {
-    fn ids(&self) -> Vec<Uuid> {
-        self.events.iter().map(|e| e.event_work_id).collect()
-    }
-}
-
-fn lanes<S: WorkStore>(
-    ctx: &ApplyContext<S>,
-    events: Vec<EventEnvelope>,
-) -> (Vec<Lane>, Vec<Uuid>) {
-    let mut lanes: Vec<Lane> = Vec::new();
-    let mut unhandled = Vec::new();
-    for ev in events {
-        let Some(perspective) = ctx.registry.get(&ev.perspective_name) else {
-            // Claims are filtered by our perspective names, so this is a row we should not hold.
-            unhandled.push(ev.event_work_id);
-            continue;
-        };
-        match lanes.last_mut() {
-            Some(lane)
-                if lane.events[0].stream_id == ev.stream_id
-                    && lane.events[0].perspective_name == ev.perspective_name =>
-            {
-                lane.events.push(ev)
-            }
-            _ => lanes.push(Lane {
-                perspective: Arc::clone(perspective),
-                events: vec![ev],
-            }),
-        }
-    }
-    (lanes, unhandled)
-}
 
 /// Applies one batch of typed events (all leased to us through `lease`, ordered by stream,
 /// perspective, stream_version); the rows of `skip` (cooled) are completed without applying.

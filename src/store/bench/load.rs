@@ -4,7 +4,8 @@
 use uuid::Uuid;
 
 use super::{BenchStore, BENCH_EVENT_TYPE};
-use crate::store::{map_db_error, StoreError};
+use crate::store::error::map_db_error;
+use crate::store::StoreError;
 
 impl BenchStore {
     /// Appends `count` events to `stream` (versions after `after_version`), as a producer would:

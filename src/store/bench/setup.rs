@@ -5,7 +5,8 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use super::BenchStore;
-use crate::store::{map_db_error, StoreError};
+use crate::store::error::map_db_error;
+use crate::store::StoreError;
 
 /// The read model: one row per applied (perspective, stream, version). `applied` counts how
 /// often it was applied (exactly once: 1), `seq` the order in which rows were applied (ordering

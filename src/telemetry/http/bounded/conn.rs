@@ -4,8 +4,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Waker;
 
-use super::listener::BoundedListener;
-
 /// What the listener knows about one open connection.
 pub(super) struct ConnState {
     /// A response has been written on it.
@@ -86,11 +84,3 @@ impl ConnState {
 /// that `read_body_in_time` can say when the request's handler starts.
 #[derive(Clone)]
 pub(super) struct Connection(pub(super) Arc<ConnState>);
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, BoundedListener>>
-    for Connection
-{
-    fn connect_info(stream: axum::serve::IncomingStream<'_, BoundedListener>) -> Self {
-        Connection(Arc::clone(stream.io().conn()))
-    }
-}

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::net::TcpListener;
 
-use super::conn::ConnState;
+use super::conn::{ConnState, Connection};
 use super::head::HeadScan;
 use super::io::BoundedIo;
 use super::Limits;
@@ -126,5 +126,14 @@ impl axum::serve::Listener for BoundedListener {
 
     fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.inner.local_addr()
+    }
+}
+
+/// (here, beside the listener, so that the connection state does not depend on it)
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, BoundedListener>>
+    for Connection
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, BoundedListener>) -> Self {
+        Connection(Arc::clone(stream.io().conn()))
     }
 }
