@@ -80,7 +80,7 @@ pub enum Command {
     Config(config_cmd::ConfigCommand),
     /// Measure the drain against the physical limit of the same effects, in one run (build with --release).
     Bench(bench::BenchArgs),
-    /// The operator console in a browser: overview, dead letters, detail (SPEC §4.4).
+    /// The operator console in a browser: overview, dead letters, detail (docs/cli.md, "The console").
     Console(console::ConsoleArgs),
 }
 

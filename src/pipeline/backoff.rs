@@ -1,4 +1,4 @@
-//! Retry backoff (SPEC §1.4).
+//! Retry backoff (docs/pipeline.md, "Ordering and failure").
 //!
 //! After a failed apply the row is parked until `now() + retry_delay(..)`. The delay is a
 //! [`Duration`] rather than whole seconds because tests (and impatient deployments) use

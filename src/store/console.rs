@@ -1,4 +1,4 @@
-//! The queries of the operator console (SPEC §4.4) beyond those it shares with the CLI
+//! The queries of the operator console (docs/cli.md, "The console") beyond those it shares with the CLI
 //! (`perspective_status`, `live_instances`, `event_at`, `dead_letter_history`).
 //!
 //! - Every statement of the console runs with a `statement_timeout`: the console's [`Store`]

@@ -1,5 +1,6 @@
-//! The in-memory store (SPEC §4.3): the drain pipeline's [`WorkStore`] without PostgreSQL, for
-//! unit tests of perspectives (see [`testkit`](crate::testkit), which drives it).
+//! The in-memory store (docs/cli.md, "In-memory mode"): the drain pipeline's [`WorkStore`]
+//! without PostgreSQL, for unit tests of perspectives (see [`testkit`](crate::testkit), which
+//! drives it).
 //!
 //! It keeps what the PostgreSQL store keeps, by the same rules: one work row per event and
 //! subscribed perspective (the fan-out), lanes (stream, perspective) claimed as a prefix from

@@ -1,5 +1,6 @@
-//! Triage at scale (SPEC §4.1, §4.2): dead letters grouped by error fingerprint, the lanes whose
-//! head is parked or failing (and what waits behind them), and pausing a perspective.
+//! Triage at scale (docs/cli.md, "Commands" and "vantage dlq"): dead letters grouped by error
+//! fingerprint, the lanes whose head is parked or failing (and what waits behind them), and
+//! pausing a perspective.
 //!
 //! - Fingerprints are computed in SQL (`wh_error_fingerprint`, migrations/0008_triage.sql) and stored on
 //!   every dead letter (`error_fingerprint`, a generated column); grouping runs in the database
