@@ -31,7 +31,7 @@ pub struct ApplyContext<S: WorkStore> {
     /// `worker.apply_timeout`: the deadline of one apply.
     pub apply_timeout: Duration,
     /// Batches still to run one lane per transaction, shared by the consumer loops of the
-    /// process: set after a lock conflict, counted down per batch (see [`apply_batch`]).
+    /// process: set after a lock conflict, counted down per batch (see [`apply_batch`](super::apply_batch)).
     pub small_transactions: Arc<AtomicU32>,
     /// The process's work in flight (batch transactions are listed there for shutdown).
     pub inflight: Arc<InFlight>,
