@@ -8,7 +8,8 @@
 //! - [`store`]: every SQL call (events, claims, dead letters, instances) and the migrations;
 //!   the storage seam of the pipeline ([`WorkStore`](store::WorkStore)), with PostgreSQL
 //!   ([`Store`](store::Store)) and in-memory ([`MemoryStore`](store::MemoryStore)) stores;
-//! - [`pipeline`]: the drain stages, claim → DLQ filter → envelope → cooldown → apply;
+//! - `pipeline` (internal): the drain stages, claim → DLQ filter → envelope → cooldown → apply
+//!   → settle, and the lease handle every change of a claimed row goes through;
 //! - [`perspective`]: the [`Perspective`](perspective::Perspective) trait, typed Rust
 //!   perspectives ([`TypedPerspective`](perspective::TypedPerspective)), SQL perspectives from
 //!   configuration, the registry;
@@ -68,8 +69,9 @@
 //! `StoreError`, `MemoryStore`; [`cli::exit`] and [`cli::signals`] for a binary's exit codes and
 //! signals; [`telemetry::metrics`] for metric names. The rest is public for the `vantage`
 //! binary and this crate's integration tests (the operator commands, the statement-level
-//! store functions, the pipeline's stages) and may change in any release; the modules of the
-//! binary alone (`bench`, `console`, `dlq`) are left out of these docs.
+//! store functions) and may change in any release; the modules of the binary alone (`bench`,
+//! `console`, `dlq`) are left out of these docs. The pipeline is crate-private: integration
+//! tests reach its stages, and the per-row statements, through the hidden `internals` module.
 
 #![deny(missing_docs)]
 #[doc(hidden)]
@@ -83,7 +85,7 @@ pub mod daemon;
 #[doc(hidden)]
 pub mod dlq;
 pub mod perspective;
-pub mod pipeline;
+pub(crate) mod pipeline;
 mod present;
 mod sqlstate;
 mod statement;
@@ -104,5 +106,13 @@ pub mod internals {
     /// `WorkStore` and `WorkTx`).
     pub mod leases {
         pub use crate::store::leases::*;
+    }
+
+    /// The drain pipeline's stages, for tests that drive one pass or one stage by hand.
+    pub mod pipeline {
+        pub use crate::pipeline::{
+            apply, backoff, claim, cooldown, dlq_filter, envelope, inflight, lease, settle,
+            DrainError, DrainOutcome, Pipeline,
+        };
     }
 }

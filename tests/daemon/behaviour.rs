@@ -11,9 +11,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use uuid::Uuid;
 use vantage::config::WorkerSettings;
+use vantage::internals::pipeline::cooldown::CooldownCache;
+use vantage::internals::pipeline::{DrainOutcome, Pipeline};
 use vantage::perspective::{ApplyError, ApplyTx, EventEnvelope, Perspective, PerspectiveRegistry};
-use vantage::pipeline::cooldown::CooldownCache;
-use vantage::pipeline::{DrainOutcome, Pipeline};
 use vantage::store::{InstanceId, InstanceInfo, NewEvent, Store, WorkStore};
 use vantage::testkit::TestKit;
 

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use uuid::Uuid;
 use vantage::config::Settings;
 use vantage::daemon::{DaemonBuilder, RunningDaemon};
+use vantage::internals::pipeline::cooldown::CooldownCache;
 use vantage::perspective::{ApplyError, ApplyTx, EventEnvelope, Perspective};
-use vantage::pipeline::cooldown::CooldownCache;
 use vantage::store::NewEvent;
 
 use crate::support::{self, Env};
@@ -629,8 +629,8 @@ async fn shutdown_returns_within_the_grace_and_leaves_no_lease() {
 /// row validly leased to us, stall the whole lane with it.
 #[tokio::test]
 async fn a_head_acquired_for_a_stream_another_loop_holds_is_given_back() {
-    use vantage::pipeline::claim::{claim_batch, ClaimLimits};
-    use vantage::pipeline::inflight::InFlight;
+    use vantage::internals::pipeline::claim::{claim_batch, ClaimLimits};
+    use vantage::internals::pipeline::inflight::InFlight;
     use vantage::store::{InstanceId, InstanceInfo};
 
     let env = env().await;
