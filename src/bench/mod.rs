@@ -13,7 +13,7 @@
 //! - [`progress`]: the progress bar (stderr, only on a terminal);
 //! - [`report`]: the table and the closing three lines.
 //!
-//! Every SQL statement lives in [`crate::store::bench`].
+//! Every SQL statement lives in `crate::store::bench`.
 
 pub mod checks;
 pub mod drain;

@@ -1,9 +1,6 @@
 //! Dead letters: the move out of the work table, and the operator transitions, each a
 //! compare-and-set on `status = 'exhausted'` done in SQL.
 
-use std::fmt;
-use std::str::FromStr;
-
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -24,50 +21,6 @@ pub enum MoveOutcome {
     Moved(Uuid),
     /// The row was already gone (completed or moved by someone else): nothing to do.
     AlreadyGone,
-}
-
-/// Status of a dead letter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeadLetterStatus {
-    /// Open: waiting for an operator.
-    Exhausted,
-    /// Replayed successfully.
-    Resolved,
-    /// Cleared by an operator; terminal.
-    Purged,
-    /// Handed back to the daemon.
-    Requeued,
-}
-
-impl DeadLetterStatus {
-    /// The value stored in `wh_dead_letters.status`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeadLetterStatus::Exhausted => "exhausted",
-            DeadLetterStatus::Resolved => "resolved",
-            DeadLetterStatus::Purged => "purged",
-            DeadLetterStatus::Requeued => "requeued",
-        }
-    }
-}
-
-impl fmt::Display for DeadLetterStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for DeadLetterStatus {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "exhausted" => Ok(DeadLetterStatus::Exhausted),
-            "resolved" => Ok(DeadLetterStatus::Resolved),
-            "purged" => Ok(DeadLetterStatus::Purged),
-            "requeued" => Ok(DeadLetterStatus::Requeued),
-            other => Err(format!("unknown dead letter status '{other}'")),
-        }
-    }
 }
 
 /// A dead letter as stored.

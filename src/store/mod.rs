@@ -5,11 +5,11 @@
 //! `search_path` startup option, so the same statements serve any schema name.
 
 mod apply;
-pub mod bench;
+pub(crate) mod bench;
 mod claims;
 mod console;
 mod dead_letters;
-pub mod dry_run;
+pub(crate) mod dry_run;
 mod error;
 mod events;
 mod handle;
@@ -22,29 +22,25 @@ mod status;
 mod triage;
 mod work;
 
+// What a library user, the binary or the integration tests name (lib.rs, "What is API"):
 pub use apply::{StatementBatch, StatementParams};
 pub use claims::{ClaimedHead, WorkRow};
-pub use console::{
-    BulkOrder, CountedDeadLetters, DeadLetterCursor, DeadLetterFilter, DeadLetterPage,
-    DeadLetterSummary, ERROR_PREVIEW_CHARS,
-};
-pub use dead_letters::{
-    resolve_dead_letter_in, DeadLetter, DeadLetterStatus, HistoryEntry, MoveOutcome,
-    FAILURE_MAX_ATTEMPTS, FAILURE_PERMANENT, SOURCE_TABLE,
-};
-pub use events::{
-    append_events_in, append_events_json_in, requeue_history_batch_in, stored_event_ids_in,
-    AppendedEvent, NewEvent, PerspectiveRecord, StoredEvent,
-};
-pub use instances::{InstanceInfo, LiveInstance};
-pub use lanes::{LaneCursor, LaneRepairs};
-pub use memory::{MemoryStore, MemoryTx, MemoryWork};
-pub use status::{PerspectiveStatus, StoreGauges};
-pub use triage::{BlockedLane, BlockedTotals, ErrorGroup, PauseState, QUARANTINE_BY};
-pub use work::{PgWorkTx, WorkStore, WorkTx};
-// Kept under its old path: callers classify a sqlx error where they hold one.
-pub use crate::sqlstate::is_connection_error;
-
+pub use dead_letters::{resolve_dead_letter_in, MoveOutcome, FAILURE_MAX_ATTEMPTS, SOURCE_TABLE};
 pub use error::StoreError;
-pub use handle::{AppliedMigration, Store, StoreOptions, LOCK_TIMEOUT, MIGRATOR, WORK_CHANNEL};
-pub use instances::InstanceId;
+pub use events::{requeue_history_batch_in, AppendedEvent, NewEvent};
+pub use handle::{Store, StoreOptions, MIGRATOR};
+pub use instances::{InstanceId, InstanceInfo};
+pub use memory::MemoryStore;
+pub use triage::QUARANTINE_BY;
+pub use work::{WorkStore, WorkTx};
+
+// The rest is the crate's own.
+pub(crate) use console::{BulkOrder, CountedDeadLetters, DeadLetterCursor, DeadLetterFilter};
+pub(crate) use dead_letters::{DeadLetter, HistoryEntry, FAILURE_PERMANENT};
+pub(crate) use events::{
+    append_events_in, append_events_json_in, stored_event_ids_in, StoredEvent,
+};
+pub(crate) use handle::WORK_CHANNEL;
+pub(crate) use lanes::LaneCursor;
+pub(crate) use memory::MemoryWork;
+pub(crate) use triage::BlockedTotals;

@@ -25,13 +25,10 @@ use sqlx::postgres::PgPool;
 use super::Store;
 
 pub use limit::LimitTable;
-pub use readings::{DrainCheck, LatencyMs, RunCounters};
+pub use readings::{DrainCheck, RunCounters};
 
 /// The schema the benchmark drops and recreates (never the configured `database.schema`).
 pub const BENCH_SCHEMA: &str = "vantage_bench";
-
-/// Tags the harness's own statements, so they are not counted as the daemon's round trips.
-pub const MARKER: &str = "vantage-bench";
 
 /// The event type every seeded event has.
 pub const BENCH_EVENT_TYPE: &str = "Tick";

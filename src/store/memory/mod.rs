@@ -22,7 +22,6 @@ mod store;
 mod work;
 
 pub use self::store::{MemoryStore, MemoryWork};
-pub use self::work::MemoryTx;
 
 #[cfg(test)]
 mod tests {
