@@ -69,21 +69,19 @@
 //! `StoreError`, `MemoryStore`; [`cli::exit`] and [`cli::signals`] for a binary's exit codes and
 //! signals; [`telemetry::metrics`] for metric names. The rest is public for the `vantage`
 //! binary and this crate's integration tests (the operator commands, the statement-level
-//! store functions) and may change in any release; the modules of the binary alone (`bench`,
-//! `console`, `dlq`) are left out of these docs. The pipeline is crate-private: integration
-//! tests reach its stages, and the per-row statements, through the hidden `internals` module.
+//! store functions) and may change in any release. The modules of the binary alone (`bench`,
+//! `console`, `dlq`) and the pipeline are crate-private: integration tests reach what they
+//! drive by hand (a pipeline pass, the console's router, the per-row statements) through the
+//! hidden `internals` module.
 
 #![deny(missing_docs)]
-#[doc(hidden)]
-pub mod bench;
+pub(crate) mod bench;
 pub mod cli;
 pub mod config;
 mod connection;
-#[doc(hidden)]
-pub mod console;
+pub(crate) mod console;
 pub mod daemon;
-#[doc(hidden)]
-pub mod dlq;
+pub(crate) mod dlq;
 pub mod perspective;
 pub(crate) mod pipeline;
 mod present;
@@ -106,6 +104,21 @@ pub mod internals {
     /// `WorkStore` and `WorkTx`).
     pub mod leases {
         pub use crate::store::leases::*;
+    }
+
+    /// `vantage bench`, for its smoke test.
+    pub mod bench {
+        pub use crate::bench::{progress, run, BenchConfig, Check};
+    }
+
+    /// The operator console, for tests that serve it in-process.
+    pub mod console {
+        pub use crate::console::*;
+    }
+
+    /// The dead-letter actions' messages, which console pages must show word for word.
+    pub mod dlq {
+        pub use crate::dlq::msg;
     }
 
     /// The drain pipeline's stages, for tests that drive one pass or one stage by hand.

@@ -1,5 +1,5 @@
 //! `vantage console`: serves the operator console (docs/cli.md, "The console";
-//! [`crate::console`]) on `console.listen` until SIGTERM or SIGINT.
+//! `crate::console`) on `console.listen` until SIGTERM or SIGINT.
 //!
 //! Exit codes: 0 after a stop by signal; 78 invalid configuration (a non-loopback
 //! `console.listen` without authentication among them) or an address that cannot be bound;

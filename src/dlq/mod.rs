@@ -30,7 +30,7 @@ use std::fmt;
 use crate::store::StoreError;
 
 pub use lookup::{check_not_queued, check_perspective, reread, resolve};
-pub use preview::{dry_run, DryRun, Preview, RowChange, DRY_RUN_ROWS};
+pub use preview::{dry_run, DryRun, Preview};
 pub use replay::{prepare_replay, replay, PreparedReplay, Replayed};
 pub use requeue::{purge, requeue, Requeued};
 

@@ -6,7 +6,7 @@ use crate::store::{DeadLetter, Store, StoreError};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Requeued {
     /// Handed back to the daemon, attempts reset, `Requeued` in the history.
-    Requeued,
+    HandedBack,
     /// It was no longer open (another command changed it): nothing done.
     Lost,
     /// A work row for its event exists: requeuing would apply it twice. Nothing done.
@@ -18,7 +18,7 @@ pub enum Requeued {
 /// Requeues one dead letter (the compare-and-set of `requeue_dead_letter`).
 pub async fn requeue(store: &Store, dl: &DeadLetter, actor: &str) -> Result<Requeued, StoreError> {
     match store.requeue_dead_letter(dl.dead_letter_id, actor).await {
-        Ok(true) => Ok(Requeued::Requeued),
+        Ok(true) => Ok(Requeued::HandedBack),
         Ok(false) => Ok(Requeued::Lost),
         Err(e) if e.is_already_queued() => Ok(Requeued::AlreadyQueued),
         Err(e) if e.is_rebuild_in_progress() => Ok(Requeued::Rebuilding),

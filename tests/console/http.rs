@@ -10,7 +10,7 @@ use axum::Router;
 use base64::Engine as _;
 use tower::ServiceExt as _;
 use vantage::config::{ConsoleSettings, Secret, Settings};
-use vantage::console::{self, security, ConsoleState};
+use vantage::internals::console::{self, security, ConsoleState};
 
 use serde_json::json;
 
@@ -982,7 +982,9 @@ async fn single_actions_are_the_clis_with_the_console_user_as_actor() {
         );
     }
     assert!(
-        detail.contains(&escaped(&vantage::dlq::msg::replay_warning("audit", 1))),
+        detail.contains(&escaped(&vantage::internals::dlq::msg::replay_warning(
+            "audit", 1
+        ))),
         "{detail}"
     );
 
@@ -1012,7 +1014,7 @@ async fn single_actions_are_the_clis_with_the_console_user_as_actor() {
     // The same form again: the CLI's lost race, nothing done.
     let (_, page) = act(&console, &env, "requeue", "audit", 1).await;
     assert!(
-        page.contains(&escaped(&vantage::dlq::msg::race(1))),
+        page.contains(&escaped(&vantage::internals::dlq::msg::race(1))),
         "{page}"
     );
     assert_eq!(env.history_of("audit", 1).await.len(), 2, "no new history");

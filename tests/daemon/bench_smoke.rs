@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use vantage::bench::progress::Progress;
-use vantage::bench::{BenchConfig, Check};
+use vantage::internals::bench::progress::Progress;
+use vantage::internals::bench::{BenchConfig, Check};
 
 use crate::support;
 
@@ -26,7 +26,7 @@ async fn bench_drains_a_small_backlog_and_prints_the_three_lines() {
         settle: Duration::from_millis(100),
         ..BenchConfig::default()
     };
-    let report = vantage::bench::run(&db.url, config, Progress::hidden())
+    let report = vantage::internals::bench::run(&db.url, config, Progress::hidden())
         .await
         .expect("the bench runs");
 

@@ -210,10 +210,9 @@ async fn a_perspective_quarantines_itself_once_and_a_resume_is_not_undone_by_old
     let settings =
         vantage::config::Settings::from_toml_str(&support::fast_daemon_toml(&db.url, PERSPECTIVES))
             .unwrap();
-    let console = vantage::console::router(vantage::console::ConsoleState::new(
-        db.store.clone(),
-        &settings,
-    ));
+    let console = vantage::internals::console::router(
+        vantage::internals::console::ConsoleState::new(db.store.clone(), &settings),
+    );
     let response = console
         .oneshot(Request::get("/").body(Body::empty()).unwrap())
         .await

@@ -25,7 +25,7 @@ use futures::FutureExt as _;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use vantage::config::Settings;
-use vantage::console::{self, ConsoleState};
+use vantage::internals::console::{self, ConsoleState};
 use vantage::store::Store;
 
 /// The window every page is looked at in.

@@ -357,7 +357,7 @@ async fn one(
 ) -> Result<One, StoreError> {
     Ok(match action {
         BulkAction::Requeue => match dlq::requeue(store, dl, actor).await? {
-            Requeued::Requeued => One::Done,
+            Requeued::HandedBack => One::Done,
             Requeued::Lost => One::Lost,
             Requeued::AlreadyQueued => One::Queued,
             Requeued::Rebuilding => One::Rebuilding,

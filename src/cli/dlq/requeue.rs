@@ -60,7 +60,7 @@ pub(super) async fn run(ctx: &Ctx<'_>, args: RequeueArgs) -> Result<Value, Failu
     let confirmed = confirm(&msg::requeue_prompt_one(n, &dl.perspective_name), args.yes).await?;
     let p = dl.perspective_name.as_str();
     match requeue(ctx.store, &dl, &operator_actor(), &confirmed).await {
-        Ok(Requeued::Requeued) => {
+        Ok(Requeued::HandedBack) => {
             ctx.ui.say(msg::requeued_one(n, p));
             Ok(
                 json!({"count": 1, "dry_run": false, "items": [item(&dl, "requeued")], "requeued": 1}),

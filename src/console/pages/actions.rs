@@ -162,7 +162,7 @@ async fn run(
             false => Outcome::Lost,
         },
         Action::Requeue => match dlq::requeue(store, dl, actor).await? {
-            Requeued::Requeued => Outcome::Done,
+            Requeued::HandedBack => Outcome::Done,
             Requeued::Lost => Outcome::Lost,
             Requeued::AlreadyQueued => Outcome::Queued,
             Requeued::Rebuilding => Outcome::Rebuilding,
