@@ -2,19 +2,19 @@
 //!
 //! `main.rs` only parses and calls [`run()`]; every command returns its exit code.
 
-pub mod append;
-pub mod bench;
-pub mod config_cmd;
+pub(crate) mod append;
+pub(crate) mod bench;
+pub(crate) mod config_cmd;
 pub mod console;
-pub mod demo;
-pub mod dlq;
+pub(crate) mod demo;
+pub(crate) mod dlq;
 pub mod exit;
-pub mod migrate;
-pub mod output;
-pub mod perspectives;
-pub mod run;
+pub(crate) mod migrate;
+pub(crate) mod output;
+pub(crate) mod perspectives;
+pub(crate) mod run;
 pub mod signals;
-pub mod status;
+pub(crate) mod status;
 
 use std::path::PathBuf;
 

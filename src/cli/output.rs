@@ -160,11 +160,6 @@ impl Ui {
         Ui { json }
     }
 
-    /// Whether `--json` was given.
-    pub fn json(&self) -> bool {
-        self.json
-    }
-
     /// A line of the human result (stdout); nothing under `--json`, whose result is the envelope.
     /// Control and invisible characters are escaped ([`crate::text::lines`]): what producers
     /// and handlers wrote cannot drive the terminal.

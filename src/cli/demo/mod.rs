@@ -47,9 +47,6 @@ use crate::daemon::DaemonBuilder;
 use crate::store::{Store, StoreOptions};
 use crate::throwaway::ThrowawayPostgres;
 
-pub use self::config::DEMO_CONFIG_PATH;
-pub use self::sample::POISON_EVENTS;
-
 /// Runs `vantage demo`. Exit 0 after the demo (and, without `--once`, after Ctrl-C); 1 when
 /// the drain fails or times out; 2 when no database is configured and none can be started;
 /// 69 when the configured database is unreachable; 78 for invalid configuration.
