@@ -785,13 +785,13 @@ Tick = "INSERT INTO public.cli_applied (stream_id, version) SELECT $2, $6 FROM p
     daemon.wait_running(Duration::from_secs(30)).await;
     append(&admin, Uuid::new_v4(), 1).await;
     let started = Instant::now();
-    // The handler is running (a claim not yet applied would just be given back at once): the
-    // statement itself, or the call that runs a batch's statements set-wise.
+    // The handler is running (a claim not yet applied would just be given back at once). Its
+    // statement may be the top-level query or run inside the call that applies a batch
+    // set-wise, so wait for the sleep itself rather than for a query text.
     while process::scalar(
         &admin,
         "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'vantage %' \
-         AND state = 'active' \
-         AND (query LIKE '%pg_sleep(20)%' OR query LIKE '%apply_perspective_statements%')",
+         AND state = 'active' AND wait_event = 'PgSleep'",
     )
     .await
         == 0
