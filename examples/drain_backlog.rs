@@ -55,6 +55,7 @@ async fn main() -> anyhow::Result<()> {
             .into(),
             reset: None,
             quarantine_after: None,
+            ..Default::default()
         });
     }
 

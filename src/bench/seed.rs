@@ -45,6 +45,7 @@ impl PerspectiveSpec {
             sql: [(self.event_type.clone(), statement)].into(),
             reset: None,
             quarantine_after: None,
+            ..Default::default()
         }
     }
 }

@@ -132,3 +132,16 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Console(args) => console::run(&cli.global, args).await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// clap checks every subcommand's arguments only when that subcommand is parsed; this
+    /// checks them all (a `--version` option clashing with the version flag, two arguments with
+    /// one name).
+    #[test]
+    fn every_command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
+    }
+}

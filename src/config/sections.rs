@@ -256,4 +256,66 @@ pub struct PerspectiveSettings {
         skip_serializing_if = "Option::is_none"
     )]
     pub quarantine_after: Option<QuarantineAfter>,
+    /// `version`: which version of a versioned perspective this configuration defines (≥ 1,
+    /// default 1). Bump it to build a changed definition beside the live one (docs/versions.md).
+    #[serde(
+        default = "first_version",
+        deserialize_with = "values::positive_u32",
+        skip_serializing_if = "is_first_version"
+    )]
+    pub version: u32,
+    /// `read_schema`: makes the perspective versioned; readers query its `tables` in this schema,
+    /// where views point at the live version.
+    #[serde(
+        default,
+        deserialize_with = "values::optional_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub read_schema: Option<String>,
+    /// `tables`: the tables a versioned perspective owns (created by `setup` in each version's
+    /// schema; exposed in `read_schema` by these names).
+    #[serde(
+        default,
+        deserialize_with = "values::string_list",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub tables: Vec<String>,
+    /// `setup`: SQL run once, in the version's own schema, when a version is first registered.
+    #[serde(
+        default,
+        deserialize_with = "values::optional_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub setup: Option<String>,
+}
+
+impl Default for PerspectiveSettings {
+    fn default() -> Self {
+        PerspectiveSettings {
+            name: String::new(),
+            events: Vec::new(),
+            sql: BTreeMap::new(),
+            reset: None,
+            quarantine_after: None,
+            version: first_version(),
+            read_schema: None,
+            tables: Vec::new(),
+            setup: None,
+        }
+    }
+}
+
+impl PerspectiveSettings {
+    /// Whether this perspective is versioned (`read_schema` is set).
+    pub fn is_versioned(&self) -> bool {
+        self.read_schema.is_some()
+    }
+}
+
+fn first_version() -> u32 {
+    1
+}
+
+fn is_first_version(v: &u32) -> bool {
+    *v == 1
 }

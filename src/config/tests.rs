@@ -669,3 +669,83 @@ fn bounds_echo_the_value_as_written_and_its_layer() {
         "postgres://u:***@/db?host=/tmp"
     );
 }
+
+#[test]
+fn a_versioned_perspective_needs_read_schema_tables_and_setup_and_plain_names() {
+    let versioned = |extra: &str| {
+        format!(
+            "[[perspectives]]\nname = \"orders\"\nevents = [\"A\"]\n{extra}\n[perspectives.sql]\nA = \"select 1\"\n"
+        )
+    };
+    let full = "version = 3\nread_schema = \"rm\"\ntables = [\"orders\"]\nsetup = \"CREATE TABLE orders (id int)\"";
+    let s = Settings::from_toml_str(&versioned(full)).unwrap();
+    let p = &s.perspectives[0];
+    assert!(p.is_versioned());
+    assert_eq!((p.version, p.read_schema.as_deref()), (3, Some("rm")));
+    assert_eq!(p.tables, ["orders"]);
+    // Unversioned: version 1, and none of the keys.
+    let s = Settings::from_toml_str(&versioned("")).unwrap();
+    assert!(!s.perspectives[0].is_versioned());
+    assert_eq!(s.perspectives[0].version, 1);
+
+    for (extra, key, says) in [
+        ("version = 2", "perspectives[0].version", "no read_schema"),
+        (
+            "tables = [\"t\"]",
+            "perspectives[0].tables",
+            "no read_schema",
+        ),
+        ("setup = \"x\"", "perspectives[0].setup", "no read_schema"),
+        (
+            "version = 0\nread_schema = \"rm\"",
+            "perspectives[0].version",
+            "",
+        ),
+        (
+            "read_schema = \"rm\"\nsetup = \"x\"",
+            "perspectives[0].tables",
+            "lists no tables",
+        ),
+        (
+            "read_schema = \"rm\"\ntables = [\"t\"]",
+            "perspectives[0].setup",
+            "has no setup",
+        ),
+        (
+            "read_schema = \"rm\"\ntables = [\"t\"]\nsetup = \" \"",
+            "perspectives[0].setup",
+            "has no setup",
+        ),
+        (
+            "read_schema = \"Rm\"\ntables = [\"t\"]\nsetup = \"x\"",
+            "perspectives[0].read_schema",
+            "lower-case identifier",
+        ),
+        (
+            "read_schema = \"rm\"\ntables = [\"t\", \"t\"]\nsetup = \"x\"",
+            "perspectives[0].tables",
+            "distinct",
+        ),
+        (
+            "read_schema = \"rm\"\ntables = [\"a b\"]\nsetup = \"x\"",
+            "perspectives[0].tables",
+            "lower-case identifier",
+        ),
+        (
+            "read_schema = \"rm\"\ntables = [\"t\"]\nsetup = \"x\"\nreset = \"TRUNCATE t\"",
+            "perspectives[0].reset",
+            "bumping its version",
+        ),
+    ] {
+        let e = err(&versioned(extra));
+        assert!(e.contains(key) && e.contains(says), "{extra}: {e}");
+    }
+    // The name becomes schema names: a plain identifier, short enough for NAME_vN.
+    let long = versioned(full).replace(
+        "\"orders\"\nevents",
+        &format!("\"{}\"\nevents", "o".repeat(51)),
+    );
+    assert!(err(&long).contains("at most 50 bytes"), "{}", err(&long));
+    let odd = versioned(full).replace("name = \"orders\"", "name = \"Orders\"");
+    assert!(err(&odd).contains("perspectives[0].name"), "{}", err(&odd));
+}

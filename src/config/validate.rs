@@ -205,6 +205,90 @@ fn perspectives(list: &[PerspectiveSettings], w: &Written) -> Result<(), ConfigE
                 message: "the statement is empty".to_owned(),
             });
         }
+        versioning(p, &at, w)?;
+    }
+    Ok(())
+}
+
+/// The keys of a versioned perspective (docs/versions.md): all of `read_schema`, `tables` and
+/// `setup`, or none of them (and `version` 1). Names become schema and view names, so they are
+/// plain lower-case identifiers, short enough for `NAME_vN` to fit PostgreSQL's 63 bytes.
+fn versioning(
+    p: &PerspectiveSettings,
+    at: &dyn Fn(&str) -> String,
+    w: &Written,
+) -> Result<(), ConfigError> {
+    let Some(read_schema) = &p.read_schema else {
+        for (key, set) in [
+            ("version", p.version != 1),
+            ("tables", !p.tables.is_empty()),
+            ("setup", p.setup.is_some()),
+        ] {
+            if set {
+                return Err(ConfigError::Invalid {
+                    key: at(key),
+                    message: format!(
+                        "perspective '{}' sets {key} but no read_schema: only a versioned perspective has versions, tables and setup",
+                        p.name
+                    ),
+                });
+            }
+        }
+        return Ok(());
+    };
+    let identifier = |s: &str, max: usize| {
+        s.len() <= max
+            && s.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    };
+    const IDENTIFIER: &str = "a lower-case identifier (a-z, 0-9, _; not starting with a digit)";
+    if !identifier(&p.name, 50) {
+        return Err(w.invalid(
+            &at("name"),
+            quote(&p.name),
+            format!("{IDENTIFIER} of at most 50 bytes: a versioned perspective's name names its schemas"),
+        ));
+    }
+    if !identifier(read_schema, 63) {
+        return Err(w.invalid(&at("read_schema"), quote(read_schema), IDENTIFIER));
+    }
+    if p.tables.is_empty() {
+        return Err(ConfigError::Invalid {
+            key: at("tables"),
+            message: format!(
+                "versioned perspective '{}' lists no tables: name the tables its setup creates",
+                p.name
+            ),
+        });
+    }
+    let mut seen = HashSet::new();
+    for t in &p.tables {
+        if !identifier(t, 63) || !seen.insert(t.as_str()) {
+            return Err(w.invalid(
+                &at("tables"),
+                quote(t),
+                format!("distinct table names, each {IDENTIFIER}"),
+            ));
+        }
+    }
+    if !p.setup.as_deref().is_some_and(|s| !s.trim().is_empty()) {
+        return Err(ConfigError::Invalid {
+            key: at("setup"),
+            message: format!(
+                "versioned perspective '{}' has no setup: give the SQL that creates its tables",
+                p.name
+            ),
+        });
+    }
+    if p.reset.is_some() {
+        return Err(ConfigError::Invalid {
+            key: at("reset"),
+            message: format!(
+                "versioned perspective '{}' has a reset: a versioned perspective is rebuilt by bumping its version, not reset",
+                p.name
+            ),
+        });
     }
     Ok(())
 }

@@ -14,7 +14,7 @@ use crate::config::Settings;
 use crate::perspective::{Perspective, PerspectiveRegistry};
 use crate::pipeline::cooldown::CooldownCache;
 use crate::pipeline::Pipeline;
-use crate::store::{InstanceId, InstanceInfo, Store, StoreOptions};
+use crate::store::{InstanceId, InstanceInfo, Store, StoreError, StoreOptions};
 use crate::telemetry::health::Health;
 use crate::telemetry::http::HttpState;
 
@@ -115,7 +115,7 @@ impl DaemonBuilder {
         let settings = Arc::new(settings);
 
         // First what fails without a database, so such a start writes nothing.
-        let registry = registry(&settings, extra)?;
+        let mut registry = registry(&settings, extra)?;
         let listener = match http {
             HttpMode::Off => None,
             HttpMode::Listener(l) => Some(l),
@@ -133,7 +133,7 @@ impl DaemonBuilder {
         let store = tokio::select! {
             biased;
             _ = shutdown.cancelled() => return Err(DaemonError::Stopped),
-            store = prepare_database(store, &settings, instance, &registry) => store?,
+            store = prepare_database(store, &settings, instance, &mut registry) => store?,
         };
         crate::telemetry::metrics::register_zeroes(&registry.names());
         let info = InstanceInfo::current("vantage");
@@ -215,7 +215,7 @@ fn registry(
     for p in extra {
         registry.add(p)?;
     }
-    if registry.is_empty() {
+    if registry.is_empty() && !settings.perspectives.iter().any(|p| p.is_versioned()) {
         return Err(DaemonError::Config(
             "no perspectives configured: add a [[perspectives]] section to the configuration"
                 .into(),
@@ -230,7 +230,7 @@ async fn prepare_database(
     store: Option<Store>,
     settings: &Settings,
     instance: InstanceId,
-    registry: &PerspectiveRegistry,
+    registry: &mut PerspectiveRegistry,
 ) -> Result<Store, DaemonError> {
     let store = match store {
         Some(s) => s,
@@ -244,6 +244,17 @@ async fn prepare_database(
         store.check_migrations().await?;
     }
     crate::perspective::prepare_sql_perspectives(&store, &settings.perspectives).await?;
+    let versions = crate::perspective::register_versions(&store, &settings.perspectives).await?;
+    if !versions.is_empty() {
+        let mut conn = store.pool().acquire().await.map_err(StoreError::from)?;
+        for v in versions {
+            // (the apply statement names the version's function: checked like any statement)
+            v.prepare(&mut conn)
+                .await
+                .map_err(|e| DaemonError::Config(e.to_string()))?;
+            registry.add(Arc::new(v))?;
+        }
+    }
     registry.register_all(&store).await?;
     Ok(store)
 }

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::background::{
-    self, Driver, Heartbeat, LaneReconciliation, LeaseRenewal, Quarantine, Sampler,
+    self, Backfill, Driver, Heartbeat, LaneReconciliation, LeaseRenewal, Quarantine, Sampler,
 };
 use super::{consumer, listener};
 use crate::config::{Settings, WorkerSettings};
@@ -144,6 +144,21 @@ impl Tasks {
                     store: b.store.clone(),
                     watched,
                 },
+            );
+        }
+        let versioned: Vec<String> = b
+            .settings
+            .perspectives
+            .iter()
+            .filter(|p| p.is_versioned())
+            .map(|p| p.name.clone())
+            .collect();
+        if !versioned.is_empty() {
+            driver.spawn(
+                "backfill",
+                Backfill::PERIOD,
+                Duration::from_secs(120),
+                Backfill::new(b.store.clone(), versioned, 1000),
             );
         }
         driver.spawn(

@@ -20,9 +20,11 @@ mod handler;
 mod registry;
 mod sql;
 mod typed;
+mod versioned;
 
 pub use crate::sqlstate::is_conflict;
 pub use handler::{ApplyError, ApplyTx, EventEnvelope, Perspective, NO_TRANSACTION};
 pub use registry::{prepare_sql_perspectives, PerspectiveRegistry, RegistryError};
 pub use sql::{SqlPerspective, SqlPerspectiveError};
 pub use typed::{decode_event, PayloadError, Typed, TypedEnvelope, TypedPerspective};
+pub use versioned::register_versions;

@@ -24,6 +24,15 @@ pub enum RegistryError {
         /// What is wrong, with the perspective and event type.
         problem: SqlPerspectiveError,
     },
+    /// A versioned perspective's version is refused (docs/versions.md): a changed definition
+    /// under a registered version, a retired version, a setup that fails.
+    #[error("invalid configuration: perspectives[{index}]: {message}")]
+    Version {
+        /// The perspective's position in `[[perspectives]]`.
+        index: usize,
+        /// What is wrong, naming the perspective.
+        message: String,
+    },
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -47,10 +56,11 @@ impl PerspectiveRegistry {
         Self::default()
     }
 
-    /// SQL perspectives from configuration.
+    /// SQL perspectives from configuration (a versioned one is added once its versions are
+    /// registered: see [`register_versions`](super::versioned::register_versions)).
     pub fn from_settings(settings: &[PerspectiveSettings]) -> Result<Self, RegistryError> {
         let mut registry = Self::new();
-        for s in settings {
+        for s in settings.iter().filter(|s| !s.is_versioned()) {
             registry.add(Arc::new(SqlPerspective::from_settings(s)))?;
         }
         Ok(registry)
@@ -104,7 +114,11 @@ pub async fn prepare_sql_perspectives(
     settings: &[PerspectiveSettings],
 ) -> Result<(), RegistryError> {
     let mut conn = store.pool().acquire().await.map_err(StoreError::from)?;
-    for (index, s) in settings.iter().enumerate() {
+    for (index, s) in settings
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !s.is_versioned())
+    {
         SqlPerspective::from_settings(s)
             .prepare(&mut conn)
             .await

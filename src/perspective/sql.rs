@@ -50,6 +50,21 @@ impl SqlPerspective {
         }
     }
 
+    /// From its parts: a name, the subscribed types and a statement per type (the daemon
+    /// builds each version of a versioned perspective this way, from the registry).
+    pub fn from_parts(
+        name: impl Into<String>,
+        events: Vec<String>,
+        statements: BTreeMap<String, String>,
+    ) -> Self {
+        SqlPerspective {
+            name: name.into(),
+            events,
+            statements,
+            reset: None,
+        }
+    }
+
     /// The statement that runs for an event type: its own, else the `"*"` catch-all.
     pub fn statement(&self, event_type: &str) -> Option<&str> {
         self.statements().statement(event_type)
@@ -198,6 +213,7 @@ mod tests {
                 .collect(),
             reset: reset.map(String::from),
             quarantine_after: None,
+            ..Default::default()
         })
     }
 

@@ -20,6 +20,7 @@ mod memory;
 mod operator;
 mod status;
 mod triage;
+mod versions;
 mod work;
 
 // What a library user, the binary or the integration tests name (lib.rs, "What is API"):
@@ -32,6 +33,10 @@ pub use handle::{Store, StoreOptions, MIGRATOR};
 pub use instances::{InstanceId, InstanceInfo};
 pub use memory::MemoryStore;
 pub use triage::QUARANTINE_BY;
+pub use versions::{
+    register_version, search_version_schema, BackfillStep, RegisterError, RegisteredVersion,
+    Switch, SwitchOutcome, VersionDefinition, VersionStatus,
+};
 pub use work::{WorkStore, WorkTx};
 
 // The rest is the crate's own.

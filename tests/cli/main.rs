@@ -14,3 +14,4 @@ mod other;
 mod rebuild;
 mod triage;
 mod usage_errors;
+mod versions;

@@ -75,6 +75,43 @@ CREATE TABLE wh_perspective_lanes (
     holder uuid
 );
 
+-- table wh_perspective_version_history
+CREATE TABLE wh_perspective_version_history (
+    history_id bigint NOT NULL GENERATED ALWAYS AS IDENTITY,
+    perspective_name text NOT NULL,
+    kind text NOT NULL,
+    from_version integer,
+    to_version integer,
+    at timestamp with time zone NOT NULL DEFAULT now(),
+    actor text NOT NULL,
+    detail text
+);
+
+-- table wh_perspective_versions
+CREATE TABLE wh_perspective_versions (
+    perspective_name text NOT NULL,
+    version integer NOT NULL,
+    registry_name text NOT NULL,
+    read_schema text NOT NULL,
+    version_schema text NOT NULL,
+    tables text[] NOT NULL,
+    event_types text[] NOT NULL,
+    statements jsonb NOT NULL,
+    setup text NOT NULL,
+    digest text NOT NULL,
+    apply_statement text NOT NULL,
+    state text NOT NULL DEFAULT 'building'::text,
+    backfill_position bigint NOT NULL DEFAULT 0,
+    backfill_target bigint,
+    backfill_horizon xid8,
+    backfill_applied bigint NOT NULL DEFAULT 0,
+    backfill_started_at timestamp with time zone,
+    backfill_done_at timestamp with time zone,
+    created_at timestamp with time zone NOT NULL DEFAULT now(),
+    live_since timestamp with time zone,
+    retired_at timestamp with time zone
+);
+
 -- table wh_perspectives
 CREATE TABLE wh_perspectives (
     perspective_name text NOT NULL,
@@ -136,6 +173,27 @@ ALTER TABLE wh_perspective_events ADD CONSTRAINT wh_perspective_events_pkey PRIM
 -- constraint wh_perspective_lanes.wh_perspective_lanes_pkey
 ALTER TABLE wh_perspective_lanes ADD CONSTRAINT wh_perspective_lanes_pkey PRIMARY KEY (stream_id, perspective_name);
 
+-- constraint wh_perspective_version_history.wh_perspective_version_history_kind_check
+ALTER TABLE wh_perspective_version_history ADD CONSTRAINT wh_perspective_version_history_kind_check CHECK ((kind = ANY (ARRAY['Registered'::text, 'Live'::text, 'Cutover'::text, 'Rollback'::text, 'Retired'::text])));
+
+-- constraint wh_perspective_version_history.wh_perspective_version_history_pkey
+ALTER TABLE wh_perspective_version_history ADD CONSTRAINT wh_perspective_version_history_pkey PRIMARY KEY (history_id);
+
+-- constraint wh_perspective_versions.wh_perspective_versions_pkey
+ALTER TABLE wh_perspective_versions ADD CONSTRAINT wh_perspective_versions_pkey PRIMARY KEY (perspective_name, version);
+
+-- constraint wh_perspective_versions.wh_perspective_versions_registry_name_key
+ALTER TABLE wh_perspective_versions ADD CONSTRAINT wh_perspective_versions_registry_name_key UNIQUE (registry_name);
+
+-- constraint wh_perspective_versions.wh_perspective_versions_state_check
+ALTER TABLE wh_perspective_versions ADD CONSTRAINT wh_perspective_versions_state_check CHECK ((state = ANY (ARRAY['building'::text, 'ready'::text, 'live'::text, 'retired'::text])));
+
+-- constraint wh_perspective_versions.wh_perspective_versions_version_check
+ALTER TABLE wh_perspective_versions ADD CONSTRAINT wh_perspective_versions_version_check CHECK ((version >= 1));
+
+-- constraint wh_perspective_versions.wh_perspective_versions_version_schema_key
+ALTER TABLE wh_perspective_versions ADD CONSTRAINT wh_perspective_versions_version_schema_key UNIQUE (version_schema);
+
 -- constraint wh_perspectives.wh_perspectives_pkey
 ALTER TABLE wh_perspectives ADD CONSTRAINT wh_perspectives_pkey PRIMARY KEY (perspective_name);
 
@@ -165,6 +223,12 @@ CREATE INDEX wh_perspective_events_lane_idx ON vantage.wh_perspective_events USI
 
 -- index wh_perspective_lanes_due_idx
 CREATE INDEX wh_perspective_lanes_due_idx ON vantage.wh_perspective_lanes USING btree (perspective_name, due_at);
+
+-- index wh_perspective_version_history_name_idx
+CREATE INDEX wh_perspective_version_history_name_idx ON vantage.wh_perspective_version_history USING btree (perspective_name, history_id);
+
+-- index wh_perspective_versions_one_live
+CREATE UNIQUE INDEX wh_perspective_versions_one_live ON vantage.wh_perspective_versions USING btree (perspective_name) WHERE (state = 'live'::text);
 
 -- function append_events(uuid,integer,jsonb)
 CREATE OR REPLACE FUNCTION vantage.append_events(p_stream_id uuid, p_expected_version integer, p_events jsonb)
@@ -261,6 +325,95 @@ BEGIN
                   p_global_position[i], p_stream_version[i], p_metadata[i];
     END LOOP;
     RETURN v_n;
+END
+$function$
+;
+
+-- function backfill_perspective_version(text,integer,integer)
+CREATE OR REPLACE FUNCTION vantage.backfill_perspective_version(p_perspective_name text, p_version integer, p_max integer DEFAULT 1000)
+ RETURNS TABLE(outcome text, applied integer, backfill_position bigint, backfill_target bigint)
+ LANGUAGE plpgsql
+ SET lock_timeout TO '5s'
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v        wh_perspective_versions;
+    v_last   bigint;
+    v_n      int := 0;
+    v_data   jsonb[];
+    v_stream uuid[];
+    v_id     uuid[];
+    v_type   text[];
+    v_pos    bigint[];
+    v_ver    int[];
+    v_meta   jsonb[];
+BEGIN
+    SELECT * INTO v FROM wh_perspective_versions x
+    WHERE x.perspective_name = p_perspective_name AND x.version = p_version
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'busy'::text, 0, NULL::bigint, NULL::bigint;
+        RETURN;
+    END IF;
+    IF v.state <> 'building' THEN
+        RETURN QUERY SELECT v.state, 0, v.backfill_position, v.backfill_target;
+        RETURN;
+    END IF;
+    IF v.backfill_horizon IS NULL THEN
+        -- (taken after the registration committed: later transactions see the registry row)
+        v.backfill_horizon := pg_snapshot_xmax(pg_current_snapshot());
+        v.backfill_target := (SELECT coalesce(max(e.global_position), 0) FROM wh_event_store e);
+        UPDATE wh_perspective_versions x
+        SET backfill_horizon = v.backfill_horizon, backfill_target = v.backfill_target,
+            backfill_started_at = now()
+        WHERE x.perspective_name = p_perspective_name AND x.version = p_version;
+    END IF;
+    IF NOT wh_horizon_passed(v.backfill_horizon) THEN
+        RETURN QUERY SELECT 'waiting'::text, 0, v.backfill_position, v.backfill_target;
+        RETURN;
+    END IF;
+
+    SELECT max(w.global_position) INTO v_last
+    FROM (SELECT e.global_position FROM wh_event_store e
+          WHERE e.global_position > v.backfill_position
+          ORDER BY e.global_position LIMIT greatest(p_max, 1)) w;
+    IF v_last IS NULL THEN
+        -- The visible end: every later event has a work row of this version.
+        UPDATE wh_perspective_versions x SET state = 'ready', backfill_done_at = now()
+        WHERE x.perspective_name = p_perspective_name AND x.version = p_version;
+        IF NOT EXISTS (SELECT 1 FROM wh_perspective_versions x
+                       WHERE x.perspective_name = p_perspective_name AND x.state = 'live') THEN
+            PERFORM wh_make_live(p_perspective_name, p_version, 'Live', 'vantage backfill');
+            RETURN QUERY SELECT 'live'::text, 0, v.backfill_position, v.backfill_target;
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT 'ready'::text, 0, v.backfill_position, v.backfill_target;
+        RETURN;
+    END IF;
+
+    SELECT array_agg(e.event_data ORDER BY e.global_position),
+           array_agg(e.stream_id ORDER BY e.global_position),
+           array_agg(e.event_id ORDER BY e.global_position),
+           array_agg(e.event_type ORDER BY e.global_position),
+           array_agg(e.global_position ORDER BY e.global_position),
+           array_agg(e.stream_version ORDER BY e.global_position),
+           array_agg(e.metadata ORDER BY e.global_position)
+    INTO v_data, v_stream, v_id, v_type, v_pos, v_ver, v_meta
+    FROM wh_event_store e
+    WHERE e.global_position > v.backfill_position AND e.global_position <= v_last
+      AND (e.event_type = ANY (v.event_types) OR '*' = ANY (v.event_types))
+      AND NOT EXISTS (SELECT 1 FROM wh_perspective_events w
+                      WHERE w.perspective_name = v.registry_name AND w.event_id = e.event_id);
+    IF v_id IS NOT NULL THEN
+        EXECUTE format('SELECT %I.vantage_apply_many($1, $2, $3, $4, $5, $6, $7)', v.version_schema)
+            INTO v_n
+            USING v_data, v_stream, v_id, v_type, v_pos, v_ver, v_meta;
+    END IF;
+    UPDATE wh_perspective_versions x
+    SET backfill_position = v_last, backfill_applied = x.backfill_applied + v_n
+    WHERE x.perspective_name = p_perspective_name AND x.version = p_version;
+    RETURN QUERY SELECT 'applied'::text, v_n, v_last, v.backfill_target;
 END
 $function$
 ;
@@ -854,6 +1007,145 @@ AS $function$
 $function$
 ;
 
+-- function register_perspective_version(text,integer,text,text[],text[],jsonb,text,text)
+CREATE OR REPLACE FUNCTION vantage.register_perspective_version(p_perspective_name text, p_version integer, p_read_schema text, p_tables text[], p_event_types text[], p_statements jsonb, p_setup text, p_actor text DEFAULT 'vantage'::text)
+ RETURNS TABLE(registry_name text, version_schema text, apply_statement text, state text, created boolean)
+ LANGUAGE plpgsql
+ SET lock_timeout TO '5s'
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_row      wh_perspective_versions;
+    v_schema   text := p_perspective_name || '_v' || p_version;
+    v_registry text := p_perspective_name || '@v' || p_version;
+    v_digest   text;
+    v_path     text := current_setting('search_path');
+    v_cases    text := '';
+    v_else     text;
+    v_apply    text;
+    v_missing  text;
+BEGIN
+    v_digest := md5(jsonb_build_object(
+        'read_schema', p_read_schema, 'tables', to_jsonb(p_tables),
+        'event_types', to_jsonb(p_event_types), 'statements', p_statements,
+        'setup', p_setup)::text);
+    PERFORM wh_lock_perspective_versions(p_perspective_name);
+    SELECT * INTO v_row FROM wh_perspective_versions v
+    WHERE v.perspective_name = p_perspective_name AND v.version = p_version;
+    IF FOUND THEN
+        IF v_row.state = 'retired' THEN
+            RAISE EXCEPTION 'perspective "%" version % was retired; a new definition needs a new version',
+                p_perspective_name, p_version
+                USING ERRCODE = 'VT002';
+        END IF;
+        IF v_row.digest <> v_digest THEN
+            RAISE EXCEPTION 'perspective "%" version % is registered with another %; a changed definition needs a new version',
+                p_perspective_name, p_version,
+                concat_ws(', ',
+                    CASE WHEN v_row.event_types <> p_event_types THEN 'event list' END,
+                    CASE WHEN v_row.statements <> p_statements THEN 'statement set' END,
+                    CASE WHEN v_row.setup <> p_setup THEN 'setup' END,
+                    CASE WHEN v_row.tables <> p_tables THEN 'table list' END,
+                    CASE WHEN v_row.read_schema <> p_read_schema THEN 'read_schema' END)
+                USING ERRCODE = 'VT001';
+        END IF;
+        RETURN QUERY SELECT v_row.registry_name, v_row.version_schema, v_row.apply_statement,
+                            v_row.state, false;
+        RETURN;
+    END IF;
+
+    IF octet_length(v_schema) > 63 THEN
+        RAISE EXCEPTION 'perspective "%": the schema name "%" is longer than 63 bytes',
+            p_perspective_name, v_schema USING ERRCODE = '42622';
+    END IF;
+    IF to_regnamespace(quote_ident(v_schema)) IS NOT NULL THEN
+        RAISE EXCEPTION 'perspective "%" version %: schema "%" already exists and is not vantage''s',
+            p_perspective_name, p_version, v_schema USING ERRCODE = '42P06';
+    END IF;
+    EXECUTE format('CREATE SCHEMA %I', v_schema);
+    IF to_regnamespace(quote_ident(p_read_schema)) IS NULL THEN
+        EXECUTE format('CREATE SCHEMA %I', p_read_schema);
+    END IF;
+
+    -- The setup and the functions see the version's schema first.
+    PERFORM set_config('search_path', format('%I, %s', v_schema, v_path), true);
+    EXECUTE p_setup;
+    SELECT string_agg(t, ', ') INTO v_missing
+    FROM unnest(p_tables) AS t
+    WHERE to_regclass(format('%I.%I', v_schema, t)) IS NULL;
+    IF v_missing IS NOT NULL THEN
+        RAISE EXCEPTION 'perspective "%" version %: setup did not create %',
+            p_perspective_name, p_version, v_missing USING ERRCODE = '42P01';
+    END IF;
+
+    -- One event: its type's statement (inlined when it is a plain write, as the batch
+    -- dispatcher does), else the catch-all, else an error (an event of a type the version does
+    -- not handle is never completed silently).
+    SELECT string_agg(
+               CASE WHEN wh_statement_is_plain_write(s.value)
+                         AND NOT wh_statement_mentions_extra_params(s.value)
+                    THEN format('    WHEN %L THEN', s.key) || chr(10)
+                         || regexp_replace(s.value, '[\s;]+$', '') || chr(10) || ';' || chr(10)
+                    ELSE format('    WHEN %L THEN EXECUTE %L USING $1, $2, $3, $4, $5, $6, $7;',
+                                s.key, s.value) || chr(10)
+               END, '' ORDER BY s.key)
+    INTO v_cases
+    FROM jsonb_each_text(p_statements) s
+    WHERE s.key <> '*';
+    v_else := p_statements ->> '*';
+    IF v_else IS NULL THEN
+        v_else := format('    RAISE EXCEPTION %L, $4 USING ERRCODE = %L;',
+                         'perspective "' || replace(v_registry, '%', '%%')
+                         || '" has no statement for event type "%"', 'VT003');
+    ELSIF wh_statement_is_plain_write(v_else) AND NOT wh_statement_mentions_extra_params(v_else) THEN
+        v_else := regexp_replace(v_else, '[\s;]+$', '') || chr(10) || ';';
+    ELSE
+        v_else := format('    EXECUTE %L USING $1, $2, $3, $4, $5, $6, $7;', v_else);
+    END IF;
+    EXECUTE format(
+        'CREATE FUNCTION %I.vantage_apply(jsonb, uuid, uuid, text, bigint, int, jsonb) '
+        'RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS %L',
+        v_schema,
+        concat_ws(chr(10),
+            '#variable_conflict use_column',
+            'BEGIN',
+            '  CASE $4',
+            coalesce(v_cases, ''),
+            '    ELSE',
+            v_else,
+            '  END CASE;',
+            'END'));
+    -- Many events, in order (the backfill's batch).
+    EXECUTE format(
+        'CREATE FUNCTION %I.vantage_apply_many(jsonb[], uuid[], uuid[], text[], bigint[], int[], jsonb[]) '
+        'RETURNS int LANGUAGE plpgsql SET search_path FROM CURRENT AS %L',
+        v_schema,
+        format(concat_ws(chr(10),
+            'BEGIN',
+            '  FOR i IN 1 .. coalesce(cardinality($1), 0) LOOP',
+            '    PERFORM %I.vantage_apply($1[i], $2[i], $3[i], $4[i], $5[i], $6[i], $7[i]);',
+            '  END LOOP;',
+            '  RETURN coalesce(cardinality($1), 0);',
+            'END'), v_schema));
+    PERFORM set_config('search_path', v_path, true);
+
+    v_apply := format('SELECT %I.vantage_apply($1, $2, $3, $4, $5, $6, $7)', v_schema);
+    INSERT INTO wh_perspectives (perspective_name, event_types)
+    VALUES (v_registry, p_event_types)
+    ON CONFLICT (perspective_name) DO UPDATE SET event_types = EXCLUDED.event_types, updated_at = now();
+    INSERT INTO wh_perspective_versions
+        (perspective_name, version, registry_name, read_schema, version_schema, tables,
+         event_types, statements, setup, digest, apply_statement)
+    VALUES (p_perspective_name, p_version, v_registry, p_read_schema, v_schema, p_tables,
+            p_event_types, p_statements, p_setup, v_digest, v_apply);
+    INSERT INTO wh_perspective_version_history (perspective_name, kind, to_version, actor)
+    VALUES (p_perspective_name, 'Registered', p_version, p_actor);
+    RETURN QUERY SELECT v_registry, v_schema, v_apply, 'building'::text, true;
+END
+$function$
+;
+
 -- function release_started_leases(uuid,uuid[])
 CREATE OR REPLACE FUNCTION vantage.release_started_leases(p_instance_id uuid, p_event_work_ids uuid[])
  RETURNS integer
@@ -997,6 +1289,119 @@ END
 $function$
 ;
 
+-- function retire_perspective_version(text,integer,text)
+CREATE OR REPLACE FUNCTION vantage.retire_perspective_version(p_perspective_name text, p_version integer, p_actor text)
+ RETURNS TABLE(outcome text, dropped_rows bigint)
+ LANGUAGE plpgsql
+ SET lock_timeout TO '5s'
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v   wh_perspective_versions;
+    v_n bigint;
+BEGIN
+    PERFORM wh_lock_perspective_versions(p_perspective_name);
+    SELECT * INTO v FROM wh_perspective_versions x
+    WHERE x.perspective_name = p_perspective_name AND x.version = p_version FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'unknown'::text, 0::bigint;
+        RETURN;
+    ELSIF v.state IN ('live', 'retired') THEN
+        RETURN QUERY SELECT v.state, 0::bigint;
+        RETURN;
+    END IF;
+    DELETE FROM wh_perspectives p WHERE p.perspective_name = v.registry_name;
+    DELETE FROM wh_perspective_events w WHERE w.perspective_name = v.registry_name;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    EXECUTE format('DROP SCHEMA %I CASCADE', v.version_schema);
+    UPDATE wh_perspective_versions x SET state = 'retired', retired_at = now()
+    WHERE x.perspective_name = p_perspective_name AND x.version = p_version;
+    INSERT INTO wh_perspective_version_history (perspective_name, kind, from_version, actor)
+    VALUES (p_perspective_name, 'Retired', p_version, p_actor);
+    RETURN QUERY SELECT 'done'::text, v_n;
+END
+$function$
+;
+
+-- function switch_perspective_version(text,text,integer,text)
+CREATE OR REPLACE FUNCTION vantage.switch_perspective_version(p_perspective_name text, p_kind text, p_version integer, p_actor text)
+ RETURNS TABLE(outcome text, from_version integer, to_version integer, behind bigint)
+ LANGUAGE plpgsql
+ SET lock_timeout TO '5s'
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_live wh_perspective_versions;
+    v_to   wh_perspective_versions;
+    v_target int := p_version;
+    v_behind bigint;
+    t text;
+BEGIN
+    IF p_kind NOT IN ('Cutover', 'Rollback') THEN
+        RAISE EXCEPTION 'switch_perspective_version: kind must be Cutover or Rollback'
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM wh_lock_perspective_versions(p_perspective_name);
+    SELECT * INTO v_live FROM wh_perspective_versions v
+    WHERE v.perspective_name = p_perspective_name AND v.state = 'live';
+    IF p_kind = 'Rollback' THEN
+        SELECT h.from_version INTO v_target
+        FROM wh_perspective_version_history h
+        WHERE h.perspective_name = p_perspective_name AND h.kind IN ('Cutover', 'Rollback')
+          AND h.to_version = v_live.version
+        ORDER BY h.history_id DESC LIMIT 1;
+        IF v_target IS NULL THEN
+            RETURN QUERY SELECT 'no_previous'::text, v_live.version, NULL::int, NULL::bigint;
+            RETURN;
+        END IF;
+    ELSIF v_target IS NULL THEN
+        SELECT max(v.version) INTO v_target FROM wh_perspective_versions v
+        WHERE v.perspective_name = p_perspective_name AND v.state <> 'retired';
+    END IF;
+    SELECT * INTO v_to FROM wh_perspective_versions v
+    WHERE v.perspective_name = p_perspective_name AND v.version = v_target;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'unknown'::text, v_live.version, v_target, NULL::bigint;
+        RETURN;
+    END IF;
+    IF v_to.state = 'retired' THEN
+        RETURN QUERY SELECT 'retired'::text, v_live.version, v_target, NULL::bigint;
+        RETURN;
+    ELSIF v_to.state = 'live' THEN
+        RETURN QUERY SELECT 'live'::text, v_live.version, v_target, 0::bigint;
+        RETURN;
+    ELSIF v_to.state = 'building' THEN
+        RETURN QUERY SELECT 'building'::text, v_live.version, v_target,
+                            wh_version_behind(p_perspective_name, v_target);
+        RETURN;
+    END IF;
+    IF v_live.version IS NOT NULL THEN
+        FOREACH t IN ARRAY v_live.tables LOOP
+            EXECUTE format('LOCK TABLE %I.%I IN EXCLUSIVE MODE', v_live.version_schema, t);
+        END LOOP;
+        -- Events of the live version's types it has applied (no work row left) that the target
+        -- has not.
+        SELECT count(*) INTO v_behind
+        FROM wh_perspective_events w
+        JOIN wh_event_store e ON e.event_id = w.event_id
+        WHERE w.perspective_name = v_to.registry_name
+          AND (e.event_type = ANY (v_live.event_types) OR '*' = ANY (v_live.event_types))
+          AND NOT EXISTS (SELECT 1 FROM wh_perspective_events l
+                          WHERE l.perspective_name = v_live.registry_name
+                            AND l.event_id = w.event_id);
+        IF v_behind > 0 THEN
+            RETURN QUERY SELECT 'behind_live'::text, v_live.version, v_target, v_behind;
+            RETURN;
+        END IF;
+    END IF;
+    PERFORM wh_make_live(p_perspective_name, v_target, p_kind, p_actor);
+    RETURN QUERY SELECT 'done'::text, v_live.version, v_target, 0::bigint;
+END
+$function$
+;
+
 -- function wh_claimable_perspectives(text[])
 CREATE OR REPLACE FUNCTION vantage.wh_claimable_perspectives(p_names text[])
  RETURNS text[]
@@ -1008,6 +1413,8 @@ AS $function$
     WHERE (p_names IS NULL OR p.perspective_name = ANY (p_names))
       AND p.paused_at IS NULL
       AND p.rebuild_up_to IS NULL
+      AND NOT EXISTS (SELECT 1 FROM wh_perspective_versions v
+                      WHERE v.registry_name = p.perspective_name AND v.state = 'building')
       AND pg_try_advisory_xact_lock_shared(wh_perspective_lock_key(p.perspective_name));
 $function$
 ;
@@ -1364,6 +1771,23 @@ END
 $function$
 ;
 
+-- function wh_horizon_passed(xid8)
+CREATE OR REPLACE FUNCTION vantage.wh_horizon_passed(p_horizon xid8)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    SELECT pg_snapshot_xmin(pg_current_snapshot()) >= p_horizon
+       AND NOT EXISTS (
+           SELECT 1 FROM pg_stat_activity a
+           WHERE a.pid <> pg_backend_pid()
+             AND a.datname = current_database()
+             AND a.backend_type = 'client backend'
+             AND wh_xid8(a.backend_xmin) < p_horizon);
+$function$
+;
+
 -- function wh_lock_perspective_shared(text)
 CREATE OR REPLACE FUNCTION vantage.wh_lock_perspective_shared(p_perspective_name text)
  RETURNS void
@@ -1377,6 +1801,50 @@ BEGIN
             USING ERRCODE = '55P03',
                   HINT = 'vantage perspectives rebuild holds the perspective''s lock while it resets and re-queues.';
     END IF;
+END
+$function$
+;
+
+-- function wh_lock_perspective_versions(text)
+CREATE OR REPLACE FUNCTION vantage.wh_lock_perspective_versions(p_perspective_name text)
+ RETURNS void
+ LANGUAGE sql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    SELECT pg_advisory_xact_lock(
+        hashtextextended('vantage:versions:' || current_schema() || ':' || p_perspective_name, 0));
+$function$
+;
+
+-- function wh_make_live(text,integer,text,text)
+CREATE OR REPLACE FUNCTION vantage.wh_make_live(p_perspective_name text, p_version integer, p_kind text, p_actor text)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+DECLARE
+    v_to   wh_perspective_versions;
+    v_from int;
+    t      text;
+BEGIN
+    SELECT * INTO v_to FROM wh_perspective_versions v
+    WHERE v.perspective_name = p_perspective_name AND v.version = p_version;
+    SELECT v.version INTO v_from FROM wh_perspective_versions v
+    WHERE v.perspective_name = p_perspective_name AND v.state = 'live';
+    UPDATE wh_perspective_versions v SET state = 'ready'
+    WHERE v.perspective_name = p_perspective_name AND v.state = 'live';
+    FOREACH t IN ARRAY v_to.tables LOOP
+        IF to_regclass(format('%I.%I', v_to.read_schema, t)) IS NOT NULL THEN
+            EXECUTE format('DROP VIEW %I.%I', v_to.read_schema, t);
+        END IF;
+        EXECUTE format('CREATE VIEW %I.%I AS SELECT * FROM %I.%I',
+                       v_to.read_schema, t, v_to.version_schema, t);
+    END LOOP;
+    UPDATE wh_perspective_versions v SET state = 'live', live_since = now()
+    WHERE v.perspective_name = p_perspective_name AND v.version = p_version;
+    INSERT INTO wh_perspective_version_history (perspective_name, kind, from_version, to_version, actor)
+    VALUES (p_perspective_name, p_kind, v_from, p_version, p_actor);
+    RETURN v_from;
 END
 $function$
 ;
@@ -1800,6 +2268,41 @@ CREATE OR REPLACE FUNCTION vantage.wh_statement_mentions_extra_params(p_statemen
  SET search_path TO 'vantage', 'pg_temp'
 AS $function$
     SELECT p_statement ~ '\$0*([89]|[1-9][0-9])';
+$function$
+;
+
+-- function wh_version_behind(text,integer)
+CREATE OR REPLACE FUNCTION vantage.wh_version_behind(p_perspective_name text, p_version integer)
+ RETURNS bigint
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    SELECT (SELECT count(*) FROM wh_perspective_events w WHERE w.perspective_name = v.registry_name)
+         + CASE WHEN v.state = 'building' THEN
+               (SELECT count(*) FROM wh_event_store e
+                WHERE e.global_position > v.backfill_position
+                  AND (e.event_type = ANY (v.event_types) OR '*' = ANY (v.event_types))
+                  AND NOT EXISTS (SELECT 1 FROM wh_perspective_events w
+                                  WHERE w.perspective_name = v.registry_name
+                                    AND w.event_id = e.event_id))
+           ELSE 0 END
+    FROM wh_perspective_versions v
+    WHERE v.perspective_name = p_perspective_name AND v.version = p_version;
+$function$
+;
+
+-- function wh_xid8(xid)
+CREATE OR REPLACE FUNCTION vantage.wh_xid8(p_xid xid)
+ RETURNS xid8
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    SELECT CASE WHEN p_xid IS NULL THEN NULL ELSE (
+        SELECT (n - n % 4294967296 + x - CASE WHEN x > n % 4294967296 THEN 4294967296 ELSE 0 END)::text::xid8
+        FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS n,
+                     p_xid::text::bigint AS x) t) END;
 $function$
 ;
 

@@ -277,6 +277,7 @@ fn perspective(events: &[&str], sql: &[(&str, &str)], reset: Option<&str>) -> Pe
             .collect(),
         reset: reset.map(String::from),
         quarantine_after: None,
+        ..Default::default()
     }
 }
 

@@ -1,8 +1,10 @@
-//! `vantage perspectives`: the registry (list, pause, resume), and rebuilding a perspective's
+//! `vantage perspectives`: the registry (list, pause, resume), rebuilding a perspective's
 //! read model (`rebuild`, in a file of its own: the procedure that keeps a rebuild safe on a
-//! running daemon).
+//! running daemon), and the versions of a versioned perspective (`versions`, `cutover`,
+//! `rollback`, `retire`).
 
 mod rebuild;
+mod versions;
 
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
@@ -12,6 +14,7 @@ use super::{exit, GlobalArgs};
 use crate::config::{PerspectiveSettings, Settings};
 use crate::store::Store;
 use rebuild::rebuild;
+pub use versions::{CutoverArgs, RetireArgs, RollbackArgs, VersionsArgs};
 
 /// `vantage perspectives` subcommands.
 #[derive(Debug, Clone, Subcommand)]
@@ -27,6 +30,16 @@ pub enum PerspectivesCommand {
     Pause(PauseArgs),
     /// Resume a paused perspective.
     Resume(ResumeArgs),
+    /// The versions of a versioned perspective: state, events behind, backfill progress.
+    Versions(VersionsArgs),
+    /// Make a version of a versioned perspective live, in one transaction (readers of its
+    /// read_schema see the old version or the new one, never a mix).
+    Cutover(CutoverArgs),
+    /// Make the version that was live before the current one live again.
+    Rollback(RollbackArgs),
+    /// Stop applying a version that is not live and drop its schema.
+    #[command(disable_version_flag = true)]
+    Retire(RetireArgs),
 }
 
 /// Options of `vantage perspectives pause`.
@@ -81,17 +94,35 @@ pub async fn run(global: &GlobalArgs, cmd: PerspectivesCommand) -> i32 {
         PerspectivesCommand::Pause(a) => a.json,
         PerspectivesCommand::Resume(a) => a.json,
         PerspectivesCommand::Rebuild(_) => false,
+        PerspectivesCommand::Versions(a) => a.json,
+        PerspectivesCommand::Cutover(a) => a.json,
+        PerspectivesCommand::Rollback(a) => a.json,
+        PerspectivesCommand::Retire(a) => a.json,
     });
     let result = async {
         let settings = global
             .load_settings()
             .map_err(|e| Failure::with_code(exit::CONFIG, e.to_string()))?;
+        if matches!(
+            cmd,
+            PerspectivesCommand::Cutover(_)
+                | PerspectivesCommand::Rollback(_)
+                | PerspectivesCommand::Retire(_)
+        ) {
+            // Each transition is logged (WARN, who did it) where the operator's logs are
+            // collected, besides its row in wh_perspective_version_history.
+            let _ = crate::telemetry::logging::init(&settings.log);
+        }
         let store = output::connect(&settings).await?;
         let result = match cmd {
             PerspectivesCommand::List(_) => list(&ui, &settings, &store).await,
             PerspectivesCommand::Rebuild(args) => rebuild(&ui, &settings, &store, args).await,
             PerspectivesCommand::Pause(args) => pause(&ui, &store, args).await,
             PerspectivesCommand::Resume(args) => resume(&ui, &store, args).await,
+            PerspectivesCommand::Versions(args) => versions::versions(&ui, &store, args).await,
+            PerspectivesCommand::Cutover(args) => versions::cutover(&ui, &store, args).await,
+            PerspectivesCommand::Rollback(args) => versions::rollback(&ui, &store, args).await,
+            PerspectivesCommand::Retire(args) => versions::retire(&ui, &store, args).await,
         };
         store.close().await;
         result

@@ -4,8 +4,9 @@
 //! logs, reports unreadiness, and tries again on its next activation).
 //!
 //! The tasks, one file each: [`heartbeat`], lease [`renewal`], the [`sampler`], [`quarantine`],
-//! lane [`reconcile`]iation; and the systemd [`watchdog`], which is not a task of the driver.
+//! lane [`reconcile`]iation, the [`backfill`] of new versions; and the systemd [`watchdog`], which is not a task of the driver.
 
+mod backfill;
 mod heartbeat;
 mod quarantine;
 mod reconcile;
@@ -13,6 +14,7 @@ mod renewal;
 mod sampler;
 mod watchdog;
 
+pub use backfill::Backfill;
 pub use heartbeat::Heartbeat;
 pub use quarantine::Quarantine;
 pub use reconcile::LaneReconciliation;

@@ -1,0 +1,126 @@
+//! The backfill task: brings each building version of a versioned perspective up to date with
+//! the event store's history, one bounded batch (its own short transaction) at a time
+//! (docs/versions.md, "Backfill"). Any daemon may run it: a batch locks its version row
+//! without waiting, so of several daemons one advances a version at a time, and a killed
+//! daemon's progress is the last committed batch.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::{bounded, BackgroundTask};
+use crate::store::Store;
+
+/// Backfills the building versions of `perspectives`.
+pub struct Backfill {
+    /// The database.
+    pub store: Store,
+    /// The versioned perspectives this daemon configures.
+    pub perspectives: Vec<String>,
+    /// Events looked at per batch.
+    pub batch: i32,
+    /// When progress was last logged, per (perspective, version).
+    logged: std::collections::HashMap<(String, i32), Instant>,
+}
+
+impl Backfill {
+    /// How often it looks for work when there is none (a round with work keeps going).
+    pub const PERIOD: Duration = Duration::from_secs(1);
+    /// One round's budget: the driver's beat comes between rounds.
+    const ROUND: Duration = Duration::from_secs(5);
+    /// How often progress is logged.
+    const LOG_EVERY: Duration = Duration::from_secs(10);
+
+    /// Backfills the building versions of these perspectives, `batch` events per transaction.
+    pub fn new(store: Store, perspectives: Vec<String>, batch: i32) -> Backfill {
+        Backfill {
+            store,
+            perspectives,
+            batch,
+            logged: Default::default(),
+        }
+    }
+}
+
+impl BackgroundTask for Backfill {
+    async fn activate(&mut self) -> Value {
+        let started = Instant::now();
+        let building = match bounded(
+            Duration::from_secs(10),
+            self.store.building_versions(&self.perspectives),
+        )
+        .await
+        {
+            Ok(b) => b,
+            Err(error) => {
+                tracing::debug!(%error, "backfill: listing building versions failed");
+                return json!({"error": error.to_string()});
+            }
+        };
+        let mut report = Vec::new();
+        for (name, version) in building {
+            let mut applied = 0i64;
+            let mut last = None;
+            while started.elapsed() < Self::ROUND {
+                let step = bounded(
+                    Duration::from_secs(60),
+                    self.store.backfill_version(&name, version, self.batch),
+                )
+                .await;
+                match step {
+                    Ok(step) => {
+                        applied += i64::from(step.applied);
+                        let outcome = step.outcome.clone();
+                        last = Some(step);
+                        if outcome != "applied" {
+                            break;
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(perspective = %name, version, %error, "backfill batch failed; it is retried");
+                        break;
+                    }
+                }
+            }
+            let Some(step) = last else { continue };
+            let position = step.backfill_position.unwrap_or(0);
+            let target = step.backfill_target.unwrap_or(0);
+            match step.outcome.as_str() {
+                "live" => tracing::warn!(perspective = %name, version, position,
+                    "perspective {name} version {version} is live: its backfill is done and no version was live"),
+                "ready" => tracing::info!(perspective = %name, version, position,
+                    "perspective {name} version {version} is ready: its backfill is done; make it live with `vantage perspectives cutover {name}`"),
+                "waiting" => {
+                    if self.due(&name, version) {
+                        tracing::info!(perspective = %name, version,
+                            "backfill of {name} version {version} waits for transactions older than its registration to end");
+                    }
+                }
+                _ => {
+                    if self.due(&name, version) {
+                        tracing::info!(perspective = %name, version, position, target,
+                            "backfill of {name} version {version}: at position {position} of {target}");
+                    }
+                }
+            }
+            report.push(json!({"perspective": name, "version": version,
+                "outcome": step.outcome, "applied": applied, "position": position}));
+        }
+        json!({"versions": report})
+    }
+}
+
+impl Backfill {
+    /// Whether progress of this version is due to be logged (and notes that it was).
+    fn due(&mut self, name: &str, version: i32) -> bool {
+        let now = Instant::now();
+        let key = (name.to_string(), version);
+        match self.logged.get(&key) {
+            Some(at) if now.duration_since(*at) < Self::LOG_EVERY => false,
+            _ => {
+                self.logged.insert(key, now);
+                true
+            }
+        }
+    }
+}
