@@ -115,6 +115,10 @@ pub struct WorkerSettings {
     /// like any other, so a hung handler cannot hold its lane forever.
     #[serde(with = "values::duration")]
     pub apply_timeout: Duration,
+    /// `backfill_batch_size` (default 1000): events a new version's backfill looks at per
+    /// transaction (docs/versions.md, "Backfill").
+    #[serde(deserialize_with = "values::positive_u32")]
+    pub backfill_batch_size: u32,
 }
 
 /// Default of `worker.apply_timeout`, when the lease leaves room for it.
@@ -133,6 +137,7 @@ impl Default for WorkerSettings {
             retry_backoff_max: Duration::from_secs(5 * 60),
             shutdown_grace: Duration::from_secs(30),
             apply_timeout: DEFAULT_APPLY_TIMEOUT,
+            backfill_batch_size: 1000,
         }
     }
 }

@@ -158,7 +158,11 @@ impl Tasks {
                 "backfill",
                 Backfill::PERIOD,
                 Duration::from_secs(120),
-                Backfill::new(b.store.clone(), versioned, 1000),
+                Backfill::new(
+                    b.store.clone(),
+                    versioned,
+                    i32::try_from(b.settings.worker.backfill_batch_size).unwrap_or(i32::MAX),
+                ),
             );
         }
         driver.spawn(

@@ -379,3 +379,80 @@ async fn a_version_whose_statement_does_not_prepare_in_its_schema_is_not_registe
         0
     );
 }
+
+/// The views of `rm` and the live version agree: every view reads the live version's schema.
+async fn views_point_at_the_live_version(env: &Env) -> i32 {
+    let live: i32 = sqlx::query_scalar(
+        "SELECT version FROM wh_perspective_versions WHERE perspective_name = 'orders' AND state = 'live'",
+    )
+    .fetch_one(env.store.pool())
+    .await
+    .expect("exactly one live version");
+    let reads: String = sqlx::query_scalar(
+        "SELECT string_agg(DISTINCT table_schema, ',') FROM information_schema.view_table_usage \
+         WHERE view_schema = 'rm' AND view_name = 'orders'",
+    )
+    .fetch_one(env.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(reads, format!("orders_v{live}"));
+    live
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cutover_killed_mid_transaction_leaves_one_version_wholly_live() {
+    let mut env = Env::migrated().await;
+    env.set_config(&support::fast_daemon_toml(&env.url, &v2()));
+    env.place_and_ship(Uuid::new_v4(), 1).await;
+    let d1 = env.versioned_daemon(&v1()).await.expect("v1 starts");
+    env.wait_for_state(1, "live").await;
+    let d2 = env.versioned_daemon(&v2()).await.expect("v2 starts");
+    env.wait_for_state(2, "ready").await;
+    d1.shutdown().await.unwrap();
+    d2.shutdown().await.unwrap();
+
+    // A writer of version 1's table holds its lock: the cutover waits inside its transaction.
+    let mut writer = PgConnection::connect(&env.url).await.unwrap();
+    sqlx::raw_sql("BEGIN; UPDATE orders_v1.orders SET total = total")
+        .execute(&mut writer)
+        .await
+        .unwrap();
+    let mut cutover = env.command(&["perspectives", "cutover", "orders", "--yes"]);
+    cutover
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut child = cutover.spawn().unwrap();
+    env.wait_until(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND query LIKE '%switch_perspective_version%'",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    assert_eq!(views_point_at_the_live_version(&env).await, 1);
+    // The writer ends: the orphaned cutover either ran to its end or was rolled back; either
+    // way one version is wholly live.
+    sqlx::raw_sql("COMMIT").execute(&mut writer).await.unwrap();
+    env.wait_until(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%switch_perspective_version%' \
+         AND state = 'active' AND pid <> pg_backend_pid()",
+        0,
+        Duration::from_secs(30),
+    )
+    .await;
+    let live = views_point_at_the_live_version(&env).await;
+    assert!(live == 1 || live == 2, "{live}");
+    let readers = env.scalar("SELECT count(*) FROM rm.orders").await;
+    assert_eq!(readers, 1);
+    // And the next cutover gets it to version 2 (or finds it there).
+    let run = env
+        .run(&["perspectives", "cutover", "orders", "--yes"])
+        .await;
+    assert!(
+        run.code == 0 || (run.code == 2 && run.stderr.contains("already live")),
+        "{run:?}"
+    );
+    assert_eq!(views_point_at_the_live_version(&env).await, 2);
+}

@@ -20,7 +20,7 @@ use vantage::throwaway::ThrowawayPostgres;
 use crate::support;
 use crate::support::process::{self, Daemon};
 
-async fn connect(url: &str) -> Store {
+pub(super) async fn connect(url: &str) -> Store {
     Store::connect(&StoreOptions::for_url(url))
         .await
         .expect("connect to the test database")
@@ -54,7 +54,7 @@ Tick = "INSERT INTO {name}_applied (stream_id, version, position, seq) VALUES ($
 }
 
 /// Appends `per_stream` events to each of `streams` new streams, `tasks` streams at a time.
-async fn append_backlog(store: &Store, streams: usize, per_stream: usize, tasks: usize) {
+pub(super) async fn append_backlog(store: &Store, streams: usize, per_stream: usize, tasks: usize) {
     let per_task = streams.div_ceil(tasks);
     let mut handles = Vec::new();
     for t in 0..tasks {

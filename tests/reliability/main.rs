@@ -15,3 +15,4 @@ mod bad_statements;
 mod crashes;
 mod quarantine;
 mod run_command;
+mod versions;

@@ -72,8 +72,12 @@ impl BackgroundTask for Backfill {
                         applied += i64::from(step.applied);
                         let outcome = step.outcome.clone();
                         last = Some(step);
-                        if outcome != "applied" {
-                            break;
+                        match outcome.as_str() {
+                            "applied" => {}
+                            // Old transactions usually end within milliseconds: look again
+                            // soon rather than a period later.
+                            "waiting" => tokio::time::sleep(Duration::from_millis(50)).await,
+                            _ => break,
                         }
                     }
                     Err(error) => {
