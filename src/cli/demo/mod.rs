@@ -9,13 +9,16 @@
 //! 5. Shows live progress on stderr until nothing is pending and the poison events are
 //!    dead-lettered.
 //! 6. Prints the dead letters, a few rows of the read model, the metrics URL and `vantage dlq`
-//!    commands to try (stdout), then keeps running until Ctrl-C (`--once`: exits).
+//!    commands to try (stdout).
+//! 7. Changes a read model without downtime (`versions`): builds version 2 of `order_status`
+//!    beside version 1 while notes keep coming, cuts over, shows the new column and prints the
+//!    rollback command; then keeps running until Ctrl-C (`--once`: exits).
 //!
 //! One file per part: `config` (what `config/demo.toml` and the usual layers say, and the
 //! read model DDL of `config/demo.sql`), `sample` (the seeded order generator), `producer`
 //! (appending it as an application would), `drain` (waiting for the daemon, with
 //! `progress` on stderr), `report` (what is printed at the end, with the commands of
-//! `cli_hint`) and `signals` (Ctrl-C).
+//! `cli_hint`), `versions` (the last act) and `signals` (Ctrl-C).
 
 mod args;
 mod cli_hint;
@@ -27,6 +30,7 @@ mod progress;
 mod report;
 mod sample;
 mod signals;
+mod versions;
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
@@ -226,9 +230,16 @@ async fn with_store(
         max_connections: PRODUCERS as u32,
         ..options.clone()
     };
+    let mut versioned = None;
     let code = match Store::connect(&producer_options).await {
         Ok(producer) => {
-            let code = produce_and_drain(demo, args, interrupt, tty, &producer, addrs).await;
+            let mut code = produce_and_drain(demo, args, interrupt, tty, &producer, addrs).await;
+            if code.is_none() && !interrupt.is_cancelled() {
+                match versions::change_a_read_model(demo, store, interrupt, args.timeout).await {
+                    Ok(daemon) => versioned = Some(daemon),
+                    Err(c) => code = Some(c),
+                }
+            }
             producer.close().await;
             code
         }
@@ -248,6 +259,11 @@ async fn with_store(
     };
     if let Some(console) = console {
         console.stop().await;
+    }
+    if let Some(d) = versioned {
+        if let Err(e) = d.shutdown().await {
+            eprintln!("vantage demo: shutdown of the order_status daemon: {e}");
+        }
     }
     if let Err(e) = daemon.shutdown().await {
         eprintln!("vantage demo: shutdown: {e}");
