@@ -96,36 +96,7 @@ pub mod throwaway;
 #[cfg(test)]
 mod model;
 
-/// Not API: the crate's internals its own integration tests reach (SQL-contract tests call the
-/// fenced per-row statements directly). Anything here may change in any release.
+/// Not API: the crate's internals its own integration tests reach. Anything here may change in
+/// any release.
 #[doc(hidden)]
-pub mod internals {
-    /// The statements that change rows leased to us (the pipeline reaches them through
-    /// `WorkStore` and `WorkTx`).
-    pub mod leases {
-        pub use crate::store::leases::*;
-    }
-
-    /// `vantage bench`, for its smoke test.
-    pub mod bench {
-        pub use crate::bench::{progress, run, BenchConfig, Check};
-    }
-
-    /// The operator console, for tests that serve it in-process.
-    pub mod console {
-        pub use crate::console::*;
-    }
-
-    /// The dead-letter actions' messages, which console pages must show word for word.
-    pub mod dlq {
-        pub use crate::dlq::msg;
-    }
-
-    /// The drain pipeline's stages, for tests that drive one pass or one stage by hand.
-    pub mod pipeline {
-        pub use crate::pipeline::{
-            apply, backoff, claim, cooldown, dlq_filter, envelope, inflight, lease, settle,
-            DrainError, DrainOutcome, Pipeline,
-        };
-    }
-}
+pub mod internals;

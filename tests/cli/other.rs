@@ -4,6 +4,7 @@
 use serde_json::json;
 use uuid::Uuid;
 use vantage::config::Settings;
+use vantage::internals::store::StoreInternals as _;
 use vantage::perspective::{EventEnvelope, Perspective, SqlPerspective};
 
 use crate::support::{

@@ -4,6 +4,7 @@
 
 use serde_json::{json, Value};
 use uuid::Uuid;
+use vantage::internals::store::StoreInternals as _;
 
 use crate::support;
 use crate::support::{assert_golden, seeded, Env};

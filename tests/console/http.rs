@@ -11,6 +11,7 @@ use base64::Engine as _;
 use tower::ServiceExt as _;
 use vantage::config::{ConsoleSettings, Secret, Settings};
 use vantage::internals::console::{self, security, ConsoleState};
+use vantage::internals::store::StoreInternals as _;
 
 use serde_json::json;
 

@@ -13,8 +13,9 @@ use uuid::Uuid;
 use vantage::config::WorkerSettings;
 use vantage::internals::pipeline::cooldown::CooldownCache;
 use vantage::internals::pipeline::{DrainOutcome, Pipeline};
+use vantage::internals::store::{InstanceInfo, StoreInternals as _, WorkStore};
 use vantage::perspective::{ApplyError, ApplyTx, EventEnvelope, Perspective, PerspectiveRegistry};
-use vantage::store::{InstanceId, InstanceInfo, NewEvent, Store, WorkStore};
+use vantage::store::{InstanceId, NewEvent, Store};
 use vantage::testkit::TestKit;
 
 use crate::support::Env;

@@ -631,7 +631,8 @@ async fn shutdown_returns_within_the_grace_and_leaves_no_lease() {
 async fn a_head_acquired_for_a_stream_another_loop_holds_is_given_back() {
     use vantage::internals::pipeline::claim::{claim_batch, ClaimLimits};
     use vantage::internals::pipeline::inflight::InFlight;
-    use vantage::store::{InstanceId, InstanceInfo};
+    use vantage::internals::store::{InstanceInfo, StoreInternals as _};
+    use vantage::store::InstanceId;
 
     let env = env().await;
     let stream = preset_rows(&env, "handoff", 1).await[0];

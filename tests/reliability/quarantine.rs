@@ -13,6 +13,7 @@ use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use tower::ServiceExt as _;
 use uuid::Uuid;
+use vantage::internals::store::StoreInternals as _;
 use vantage::store::NewEvent;
 
 use crate::support::process::{self, Daemon};
@@ -347,7 +348,7 @@ async fn the_quarantine_statement_counts_the_window_since_the_resume_and_pauses_
     assert_eq!(state.paused_reason.as_deref(), Some(reason));
     assert_eq!(
         state.paused_by.as_deref(),
-        Some(vantage::store::QUARANTINE_BY)
+        Some(vantage::internals::store::QUARANTINE_BY)
     );
     // Paused already: nothing changes.
     assert_eq!(quarantine("fragile").await, None);
