@@ -286,3 +286,69 @@ pub mod pipeline {
         DrainOutcome, Pipeline,
     };
 }
+
+/// The daemon's telemetry: the recorder (`render()` is what `/metrics` serves), health state
+/// and the HTTP surface, for tests that assert on metrics or serve the probes themselves.
+pub mod telemetry {
+    /// Liveness and readiness state.
+    pub mod health {
+        pub use crate::telemetry::health::*;
+    }
+    /// `/metrics`, `/healthz`, `/readyz` and the bounded server under them and the console.
+    pub mod http {
+        pub use crate::telemetry::http::*;
+    }
+    /// The Prometheus recorder.
+    pub mod recorder {
+        pub use crate::telemetry::recorder::*;
+    }
+}
+
+/// Text shown to operators, capped and escaped.
+pub mod text {
+    pub use crate::text::MAX_TEXT;
+}
+
+/// The daemon's knobs and views that only tests use.
+pub mod daemon {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::daemon::DaemonBuilder;
+    use crate::pipeline::cooldown::CooldownCache;
+
+    /// How often a daemon checks its perspectives with `quarantine_after`.
+    pub const QUARANTINE_PERIOD: Duration = crate::daemon::QUARANTINE_PERIOD;
+
+    /// `builder` with this cooldown cache instead of its own (to observe or pre-mark it).
+    pub fn cooldown_cache(builder: DaemonBuilder, cache: Arc<CooldownCache>) -> DaemonBuilder {
+        builder.cooldown_cache(cache)
+    }
+}
+
+/// What the testkit drives, for tests that run single passes.
+pub mod testkit {
+    use crate::pipeline::Pipeline;
+    use crate::store::MemoryStore;
+    use crate::testkit::TestKit;
+
+    /// The pipeline `kit` drives (to run single passes, or reach the cooldown cache).
+    pub fn pipeline(kit: &TestKit) -> &Pipeline<MemoryStore> {
+        kit.pipeline()
+    }
+}
+
+/// The registry the daemon builds from the settings and the builder, and the SQL perspectives
+/// of the configuration (a library user adds perspectives to `DaemonBuilder` instead).
+pub mod perspective {
+    pub use crate::perspective::registry::{PerspectiveRegistry, RegistryError};
+    pub use crate::perspective::sql::SqlPerspective;
+}
+
+/// Commands of the binary that tests call in-process.
+pub mod cli {
+    /// `vantage console`, for tests of its configuration rules without a child process.
+    pub mod console {
+        pub use crate::cli::console::{run, ConsoleArgs};
+    }
+}

@@ -90,7 +90,7 @@ mod statement;
 pub mod store;
 pub mod telemetry;
 pub mod testkit;
-pub mod text;
+pub(crate) mod text;
 pub mod throwaway;
 
 #[cfg(test)]

@@ -437,7 +437,7 @@ impl TestKit {
     }
 
     /// The pipeline the kit drives (to run single passes, or reach the cooldown cache).
-    pub fn pipeline(&self) -> &Pipeline<MemoryStore> {
+    pub(crate) fn pipeline(&self) -> &Pipeline<MemoryStore> {
         &self.pipeline
     }
 }

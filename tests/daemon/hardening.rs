@@ -79,7 +79,7 @@ async fn shutdown_within(daemon: RunningDaemon, limit: Duration) -> Duration {
 }
 
 fn metric_value(name: &str, labels: &[(&str, &str)]) -> f64 {
-    vantage::telemetry::recorder::render()
+    vantage::internals::telemetry::recorder::render()
         .lines()
         .filter(|l| l.starts_with(name) && !l.starts_with('#'))
         .filter(|l| {

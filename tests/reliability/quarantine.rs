@@ -249,7 +249,9 @@ async fn a_perspective_quarantines_itself_once_and_a_resume_is_not_undone_by_old
     db.wait_until("SELECT count(*) FROM public.q_fragile", 5, LIMIT)
         .await;
     let resumed = Instant::now();
-    while resumed.elapsed() < vantage::daemon::QUARANTINE_PERIOD * 2 + Duration::from_secs(1) {
+    while resumed.elapsed()
+        < vantage::internals::daemon::QUARANTINE_PERIOD * 2 + Duration::from_secs(1)
+    {
         assert_eq!(paused(&db).await, 0, "re-paused by the old dead letters");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
