@@ -68,7 +68,9 @@ impl From<StoreError> for DaemonError {
     }
 }
 
-/// A started daemon.
+/// A started daemon. It drains until its shutdown token is cancelled
+/// ([`DaemonBuilder::shutdown_on`], [`shutdown_token`](Self::shutdown_token)); [`wait`](Self::wait)
+/// for it to stop, or [`shutdown`](Self::shutdown) to stop it.
 pub struct RunningDaemon {
     instance: InstanceId,
     shutdown: CancellationToken,
@@ -78,7 +80,8 @@ pub struct RunningDaemon {
 }
 
 impl RunningDaemon {
-    /// Its lease holder id.
+    /// The id it claims leases and heartbeats as (its connections' `application_name` carries
+    /// it too, so its sessions can be told apart in `pg_stat_activity`).
     pub fn instance_id(&self) -> InstanceId {
         self.instance
     }

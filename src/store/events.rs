@@ -12,9 +12,12 @@ use super::handle::Store;
 pub struct NewEvent {
     /// The event's type, e.g. `OrderPlaced`.
     pub event_type: String,
-    /// The payload.
+    /// The payload, any JSON value; perspectives get it as [`EventEnvelope::data`]
+    /// (typed ones deserialized, see [`decode_event`](crate::perspective::decode_event)).
+    ///
+    /// [`EventEnvelope::data`]: crate::perspective::EventEnvelope::data
     pub data: serde_json::Value,
-    /// Optional metadata.
+    /// Optional metadata (perspectives see an empty object when none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<serde_json::Value>,
     /// Optional id; generated when absent.

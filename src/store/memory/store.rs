@@ -14,7 +14,8 @@ use super::state::{Event, Op, Row, State};
 /// A work row still in the memory store, as [`MemoryStore::work`] shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemoryWork {
-    /// The work row.
+    /// The work row's id (one row per event and perspective), as
+    /// [`EventEnvelope::event_work_id`](crate::perspective::EventEnvelope::event_work_id).
     pub event_work_id: Uuid,
     /// Its perspective.
     pub perspective_name: String,
@@ -26,7 +27,7 @@ pub struct MemoryWork {
     pub global_position: i64,
     /// Claims so far (one-based once claimed).
     pub attempts: i32,
-    /// Failures recorded.
+    /// Apply failures recorded (each parks the row until its backoff passes, `due_at`).
     pub failures: i32,
     /// The last error recorded or noted.
     pub last_error: Option<String>,
