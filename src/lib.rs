@@ -6,18 +6,18 @@
 //!
 //! The crate is laid out along the path of one event:
 //! - [`store`]: every SQL call (events, claims, dead letters, instances) and the migrations;
-//!   the storage seam of the pipeline ([`WorkStore`](store::WorkStore)), with PostgreSQL
-//!   ([`Store`](store::Store)) and in-memory ([`MemoryStore`](store::MemoryStore)) stores;
+//!   for a library user the PostgreSQL handle ([`Store`](store::Store)) and the in-memory store
+//!   the testkit runs on ([`MemoryStore`](store::MemoryStore));
 //! - `pipeline` (internal): the drain stages, claim → DLQ filter → envelope → cooldown → apply
 //!   → settle, and the lease handle every change of a claimed row goes through;
 //! - [`perspective`]: the [`Perspective`](perspective::Perspective) trait, typed Rust
-//!   perspectives ([`TypedPerspective`](perspective::TypedPerspective)), SQL perspectives from
-//!   configuration, the registry;
+//!   perspectives ([`TypedPerspective`](perspective::TypedPerspective)), their envelopes and
+//!   errors (the registry and SQL perspectives from configuration are internal);
 //! - [`daemon`]: the runtime, background loops and graceful shutdown;
-//! - [`telemetry`]: metric names, logging, the small HTTP surface;
-//! - `dlq`: the operator's actions on dead letters, shared by the CLI and the console;
+//! - [`telemetry`]: the metric names (logging, health and the HTTP surface are internal);
+//! - `dlq` (internal): the operator's actions on dead letters, shared by the CLI and the console;
 //! - [`cli`]: the operator commands;
-//! - `console`: the operator console in a browser;
+//! - `console` (internal): the operator console in a browser;
 //! - [`config`]: settings, defaults < file < environment < flags;
 //! - [`throwaway`]: a disposable local PostgreSQL for the demo and the tests;
 //! - [`testkit`]: perspectives driven by hand on the in-memory store, for unit tests.
@@ -63,16 +63,20 @@
 //! ## What is API
 //!
 //! For a library user, and under semver from 1.0: [`perspective`] (the traits, envelopes,
-//! [`ApplyTx`](perspective::ApplyTx), errors), [`daemon`] ([`DaemonBuilder`](daemon::DaemonBuilder)
-//! and the handle it starts), [`config`] (`Settings`, `LoadOptions` and the sections),
-//! [`testkit`], and from [`store`]: `Store`, `StoreOptions`, `NewEvent`, `AppendedEvent`,
-//! `StoreError`, `MemoryStore`; [`cli::exit`] and [`cli::signals`] for a binary's exit codes and
-//! signals; [`telemetry::metrics`] for metric names. The rest is public for the `vantage`
-//! binary and this crate's integration tests (the operator commands, the statement-level
-//! store functions) and may change in any release. The modules of the binary alone (`bench`,
-//! `console`, `dlq`) and the pipeline are crate-private: integration tests reach what they
-//! drive by hand (a pipeline pass, the console's router, the per-row statements) through the
-//! hidden `internals` module.
+//! [`ApplyTx`](perspective::ApplyTx), errors, [`decode_event`](perspective::decode_event),
+//! [`is_conflict`](perspective::is_conflict)), [`daemon`] ([`DaemonBuilder`](daemon::DaemonBuilder)
+//! and the [`RunningDaemon`](daemon::RunningDaemon) it starts), [`config`] (`Settings`,
+//! `LoadOptions`, the sections and their bounds), [`testkit`], [`throwaway`], and from
+//! [`store`]: `Store` (connect, migrate, append, register a perspective, read the open dead
+//! letters, the pool), `StoreOptions`, `NewEvent`, `AppendedEvent`, `InstanceId`, `StoreError`,
+//! `MemoryStore`, `MemoryWork`; [`cli::exit`] and [`cli::signals`] for a binary's exit codes and
+//! signals, and [`cli::Cli`]/[`cli::run`] for a binary that is vantage's command line;
+//! [`telemetry::metrics`] for metric names.
+//!
+//! Everything else is crate-private. The crate's integration tests reach what they drive by
+//! hand (a pipeline pass, the console's router, the per-row statements, the store's operator
+//! methods through `internals::store::StoreInternals`) through the hidden `internals` module,
+//! which is not API and may change in any release.
 
 #![deny(missing_docs)]
 pub(crate) mod bench;
@@ -90,42 +94,13 @@ mod statement;
 pub mod store;
 pub mod telemetry;
 pub mod testkit;
-pub mod text;
+pub(crate) mod text;
 pub mod throwaway;
 
 #[cfg(test)]
 mod model;
 
-/// Not API: the crate's internals its own integration tests reach (SQL-contract tests call the
-/// fenced per-row statements directly). Anything here may change in any release.
+/// Not API: the crate's internals its own integration tests reach. Anything here may change in
+/// any release.
 #[doc(hidden)]
-pub mod internals {
-    /// The statements that change rows leased to us (the pipeline reaches them through
-    /// `WorkStore` and `WorkTx`).
-    pub mod leases {
-        pub use crate::store::leases::*;
-    }
-
-    /// `vantage bench`, for its smoke test.
-    pub mod bench {
-        pub use crate::bench::{progress, run, BenchConfig, Check};
-    }
-
-    /// The operator console, for tests that serve it in-process.
-    pub mod console {
-        pub use crate::console::*;
-    }
-
-    /// The dead-letter actions' messages, which console pages must show word for word.
-    pub mod dlq {
-        pub use crate::dlq::msg;
-    }
-
-    /// The drain pipeline's stages, for tests that drive one pass or one stage by hand.
-    pub mod pipeline {
-        pub use crate::pipeline::{
-            apply, backoff, claim, cooldown, dlq_filter, envelope, inflight, lease, settle,
-            DrainError, DrainOutcome, Pipeline,
-        };
-    }
-}
+pub mod internals;

@@ -80,7 +80,7 @@ pub const DEFAULT_MAX_PASSES: usize = 10_000;
 /// An event a perspective applied (its handler returned `Ok`), in the order of the applies.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AppliedEvent {
-    /// The perspective.
+    /// The name of the perspective that applied it (a kit may run several).
     pub perspective: String,
     /// The event's stream.
     pub stream_id: Uuid,
@@ -88,7 +88,7 @@ pub struct AppliedEvent {
     pub stream_version: i32,
     /// Its global position.
     pub global_position: i64,
-    /// Its type.
+    /// The type it was appended with.
     pub event_type: String,
     /// The claim it was applied in (one-based).
     pub attempts: i32,
@@ -437,7 +437,7 @@ impl TestKit {
     }
 
     /// The pipeline the kit drives (to run single passes, or reach the cooldown cache).
-    pub fn pipeline(&self) -> &Pipeline<MemoryStore> {
+    pub(crate) fn pipeline(&self) -> &Pipeline<MemoryStore> {
         &self.pipeline
     }
 }

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 
 /// Most bytes of one error text that vantage stores (`last_error`, `error_text`, history
-/// `detail`), logs or renders: 64 KiB. The rest is replaced by [`cap`]'s
+/// `detail`), logs or renders: 64 KiB. The rest is replaced by `cap`'s
 /// `… (N bytes more)`.
 pub const MAX_TEXT: usize = 64 * 1024;
 

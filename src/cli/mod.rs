@@ -5,7 +5,7 @@
 pub(crate) mod append;
 pub(crate) mod bench;
 pub(crate) mod config_cmd;
-pub mod console;
+pub(crate) mod console;
 pub(crate) mod demo;
 pub(crate) mod dlq;
 pub mod exit;

@@ -47,16 +47,16 @@ pub enum ConfigError {
     /// The configuration file exists but cannot be read.
     #[error("invalid configuration: cannot read configuration file {}: {error}", .path.display())]
     FileRead {
-        /// The path.
+        /// The file's path, as given or found.
         path: PathBuf,
-        /// Why.
+        /// The operating system's reason (permission denied, a directory, …).
         error: std::io::Error,
     },
     /// The file is not valid TOML. The message gives line and column but never echoes the
     /// source line, which could hold a password.
     #[error("invalid configuration: {origin} is not valid TOML: {message}")]
     Syntax {
-        /// The file.
+        /// Where the TOML came from (the file's path), as the message names it.
         origin: String,
         /// Position and reason.
         message: String,

@@ -15,14 +15,12 @@ mod shutdown;
 mod startup;
 mod tasks;
 
-pub use background::{Activator, TaskStatus};
 pub use shutdown::SHUTDOWN_TAIL;
 pub use startup::DaemonBuilder;
 
 /// How often a daemon checks its perspectives with `quarantine_after`.
-pub const QUARANTINE_PERIOD: Duration = background::Quarantine::PERIOD;
+pub(crate) const QUARANTINE_PERIOD: Duration = background::Quarantine::PERIOD;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,12 +28,9 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use self::background::Driver;
 use crate::perspective::RegistryError;
 use crate::pipeline::cooldown::CooldownCache;
-use crate::pipeline::inflight::InFlight;
 use crate::store::{InstanceId, StoreError};
-use crate::telemetry::health::Health;
 
 /// Why the daemon could not start or stopped abnormally (`crate::cli::exit` maps each to an
 /// exit code).
@@ -73,20 +68,20 @@ impl From<StoreError> for DaemonError {
     }
 }
 
-/// A started daemon.
+/// A started daemon. It drains until its shutdown token is cancelled
+/// ([`DaemonBuilder::shutdown_on`], [`shutdown_token`](Self::shutdown_token)); [`wait`](Self::wait)
+/// for it to stop, or [`shutdown`](Self::shutdown) to stop it.
 pub struct RunningDaemon {
     instance: InstanceId,
     shutdown: CancellationToken,
-    health: Health,
     http_addr: Option<SocketAddr>,
     cooldown: Option<Arc<CooldownCache>>,
-    inflight: Arc<InFlight>,
-    driver: Driver,
     supervisor: JoinHandle<Result<(), DaemonError>>,
 }
 
 impl RunningDaemon {
-    /// Its lease holder id.
+    /// The id it claims leases and heartbeats as (its connections' `application_name` carries
+    /// it too, so its sessions can be told apart in `pg_stat_activity`).
     pub fn instance_id(&self) -> InstanceId {
         self.instance
     }
@@ -96,30 +91,9 @@ impl RunningDaemon {
         self.http_addr
     }
 
-    /// Liveness and readiness state.
-    pub fn health(&self) -> &Health {
-        &self.health
-    }
-
     /// The cooldown cache, when enabled.
-    pub fn cooldown(&self) -> Option<&Arc<CooldownCache>> {
+    pub(crate) fn cooldown(&self) -> Option<&Arc<CooldownCache>> {
         self.cooldown.as_ref()
-    }
-
-    /// Rows and streams in flight right now.
-    pub fn inflight(&self) -> &Arc<InFlight> {
-        &self.inflight
-    }
-
-    /// The latest status of each background task (`heartbeat`, `lease-renewal`, `sampler`,
-    /// and `quarantine` when a perspective has `quarantine_after`).
-    pub fn background_status(&self) -> BTreeMap<String, TaskStatus> {
-        self.driver.statuses()
-    }
-
-    /// Wakes the background task named `name` before its timer would; false if there is none.
-    pub fn activate(&self, name: &str) -> bool {
-        self.driver.activator(name).map(|a| a.activate()).is_some()
     }
 
     /// A token that starts the graceful shutdown when cancelled.

@@ -68,7 +68,7 @@ impl DaemonBuilder {
     }
 
     /// Uses this cooldown cache (e.g. to observe or pre-mark it in tests).
-    pub fn cooldown_cache(mut self, cache: Arc<CooldownCache>) -> Self {
+    pub(crate) fn cooldown_cache(mut self, cache: Arc<CooldownCache>) -> Self {
         self.cooldown = Some(cache);
         self
     }
@@ -156,7 +156,7 @@ impl DaemonBuilder {
         let pipeline = Pipeline::new(store.clone(), instance, registry, cooldown.clone(), worker);
         let inflight = Arc::clone(&pipeline.inflight);
         let wake = tasks.spawn_consumers(&pipeline, &health, worker);
-        let (driver, renewal) = tasks.spawn_background(Background {
+        let (_driver, renewal) = tasks.spawn_background(Background {
             store: store.clone(),
             instance,
             info,
@@ -196,11 +196,8 @@ impl DaemonBuilder {
         Ok(RunningDaemon {
             instance,
             shutdown,
-            health,
             http_addr,
             cooldown,
-            inflight,
-            driver,
             supervisor,
         })
     }

@@ -17,15 +17,18 @@ pub struct EventEnvelope {
     pub perspective_name: String,
     /// The event's id.
     pub event_id: Uuid,
-    /// Its stream.
+    /// The stream (aggregate) the event belongs to: a perspective gets the events of one
+    /// stream one at a time, in `stream_version` order.
     pub stream_id: Uuid,
     /// Its version within the stream.
     pub stream_version: i32,
     /// Its position in the whole store.
     pub global_position: i64,
-    /// Its type.
+    /// The type it was appended with ([`NewEvent::event_type`](crate::store::NewEvent), e.g.
+    /// `OrderPlaced`); match on it to tell the events a perspective subscribes to apart.
     pub event_type: String,
-    /// The payload.
+    /// The payload as appended, undecoded; [`decode_event`](super::decode_event) deserializes
+    /// it as a [`TypedPerspective`](super::TypedPerspective) would.
     pub data: serde_json::Value,
     /// Metadata (an empty object when none).
     pub metadata: serde_json::Value,

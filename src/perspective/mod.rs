@@ -17,14 +17,14 @@
 //! "Build your own daemon binary" and `examples/inventory.rs` walk through one.
 
 mod handler;
-mod registry;
-mod sql;
+pub(crate) mod registry;
+pub(crate) mod sql;
 mod typed;
 mod versioned;
 
 pub use crate::sqlstate::is_conflict;
 pub use handler::{ApplyError, ApplyTx, EventEnvelope, Perspective, NO_TRANSACTION};
-pub use registry::{prepare_sql_perspectives, PerspectiveRegistry, RegistryError};
-pub use sql::{SqlPerspective, SqlPerspectiveError};
+pub(crate) use registry::{prepare_sql_perspectives, PerspectiveRegistry, RegistryError};
+pub(crate) use sql::SqlPerspective;
 pub use typed::{decode_event, PayloadError, Typed, TypedEnvelope, TypedPerspective};
-pub use versioned::register_versions;
+pub(crate) use versioned::register_versions;

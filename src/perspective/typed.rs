@@ -27,7 +27,8 @@ pub struct TypedEnvelope<E> {
     pub perspective_name: String,
     /// The event's id.
     pub event_id: Uuid,
-    /// Its stream.
+    /// The stream (aggregate) the event belongs to: a perspective gets the events of one
+    /// stream one at a time, in `stream_version` order.
     pub stream_id: Uuid,
     /// Its version within the stream.
     pub stream_version: i32,

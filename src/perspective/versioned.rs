@@ -14,7 +14,7 @@ use crate::store::{
 };
 
 /// The definition a versioned perspective's settings give.
-pub fn definition(s: &PerspectiveSettings) -> Option<VersionDefinition> {
+pub(crate) fn definition(s: &PerspectiveSettings) -> Option<VersionDefinition> {
     Some(VersionDefinition {
         perspective: s.name.clone(),
         version: i32::try_from(s.version).unwrap_or(i32::MAX),
@@ -30,7 +30,7 @@ pub fn definition(s: &PerspectiveSettings) -> Option<VersionDefinition> {
 /// a perspective for every version of them not retired (none when nothing is versioned).
 /// A changed definition under a registered version, a retired version, a setup that fails or a
 /// statement that does not prepare in the version's schema is a configuration error.
-pub async fn register_versions(
+pub(crate) async fn register_versions(
     store: &Store,
     settings: &[PerspectiveSettings],
 ) -> Result<Vec<SqlPerspective>, RegistryError> {

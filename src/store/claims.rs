@@ -116,7 +116,7 @@ impl Store {
     /// to `max_lanes` due lanes from the lane index (orphaned ones included: expired leases,
     /// dead holders) and leases the claimable prefix of each (`max_rows` rows in all), returning
     /// the rows raw, ordered by stream, perspective, stream_version.
-    pub async fn claim_work(
+    pub(crate) async fn claim_work(
         &self,
         instance: InstanceId,
         lease: Duration,
@@ -140,7 +140,7 @@ impl Store {
     }
 
     /// Acquires lanes whose head is unowned and due, expired, or held by a dead instance.
-    pub async fn claim_orphaned(
+    pub(crate) async fn claim_orphaned(
         &self,
         instance: InstanceId,
         lease: Duration,
@@ -164,7 +164,7 @@ impl Store {
 
     /// Claims the claimable rows of `streams` and returns every row of them validly leased to us
     /// (within the `max_rows` window), ordered by stream, perspective, stream_version.
-    pub async fn get_stream_events(
+    pub(crate) async fn get_stream_events(
         &self,
         instance: InstanceId,
         streams: &[Uuid],
@@ -188,7 +188,7 @@ impl Store {
     }
 
     /// The same claim for one lane: returns (work id, event id, stream_version, attempts).
-    pub async fn claim_and_fetch_pending(
+    pub(crate) async fn claim_and_fetch_pending(
         &self,
         stream: Uuid,
         perspective: &str,

@@ -125,7 +125,7 @@ impl Store {
     /// A store on the same database whose every session runs with `statement_timeout` set to
     /// `timeout` (a startup option, so it holds for every statement, shared calls included).
     /// Its pool is new and lazy, as large as this one's.
-    pub fn with_statement_timeout(&self, timeout: Duration) -> Store {
+    pub(crate) fn with_statement_timeout(&self, timeout: Duration) -> Store {
         let millis = timeout.as_millis().clamp(1, i32::MAX as u128).to_string();
         let connect = (*self.pool.connect_options())
             .clone()
@@ -144,7 +144,7 @@ impl Store {
 
     /// One page of dead letters matching `filter`, newest position first, starting after
     /// `after`; `limit` rows at most (one more is read to know whether a next page exists).
-    pub async fn dead_letter_page(
+    pub(crate) async fn dead_letter_page(
         &self,
         filter: &DeadLetterFilter,
         after: Option<DeadLetterCursor>,
@@ -178,7 +178,7 @@ impl Store {
 
     /// How many dead letters match `filter`. `None` when counting took longer than the
     /// session's `statement_timeout` (SQLSTATE 57014): a page can say so instead of failing.
-    pub async fn dead_letter_count(
+    pub(crate) async fn dead_letter_count(
         &self,
         filter: &DeadLetterFilter,
     ) -> Result<Option<i64>, StoreError> {
@@ -196,7 +196,7 @@ impl Store {
     /// The dead letters of (`global_position`, `perspective`), whatever their status, newest
     /// first: an event requeued and dead-lettered again has several. The permalink of the
     /// console's detail page.
-    pub async fn dead_letters_of(
+    pub(crate) async fn dead_letters_of(
         &self,
         global_position: i64,
         perspective: &str,
@@ -242,7 +242,7 @@ impl Store {
     /// different moments (a count from before another operator's change and a set from after
     /// it), so a refusal would give a reason true of neither. `None` when it took longer than
     /// the session's `statement_timeout` (SQLSTATE 57014).
-    pub async fn open_dead_letters_counted(
+    pub(crate) async fn open_dead_letters_counted(
         &self,
         filter: &DeadLetterFilter,
         order: BulkOrder,
@@ -290,7 +290,7 @@ impl Store {
     /// then position, strictly after `after` (perspective, position: a keyset cursor, unique among
     /// open dead letters), at most `limit`: what the CLI's bulk actions walk, a page at a time,
     /// so a large set is never loaded at once.
-    pub async fn open_dead_letters_after(
+    pub(crate) async fn open_dead_letters_after(
         &self,
         filter: &DeadLetterFilter,
         after: Option<(&str, i64)>,

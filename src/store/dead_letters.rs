@@ -103,7 +103,7 @@ impl Store {
     }
 
     /// Open dead letters at a global position (one per perspective that gave up on it).
-    pub async fn open_dead_letters_at(
+    pub(crate) async fn open_dead_letters_at(
         &self,
         global_position: i64,
         perspective: Option<&str>,
@@ -122,7 +122,7 @@ impl Store {
     }
 
     /// A dead letter by id, whatever its status.
-    pub async fn dead_letter(&self, id: Uuid) -> Result<Option<DeadLetter>, StoreError> {
+    pub(crate) async fn dead_letter(&self, id: Uuid) -> Result<Option<DeadLetter>, StoreError> {
         sqlx::query_as(&format!(
             "SELECT {DEAD_LETTER_COLUMNS} FROM wh_dead_letters WHERE dead_letter_id = $1"
         ))
@@ -133,7 +133,10 @@ impl Store {
     }
 
     /// The history of a dead letter, oldest first.
-    pub async fn dead_letter_history(&self, id: Uuid) -> Result<Vec<HistoryEntry>, StoreError> {
+    pub(crate) async fn dead_letter_history(
+        &self,
+        id: Uuid,
+    ) -> Result<Vec<HistoryEntry>, StoreError> {
         sqlx::query_as(
             "SELECT history_id, kind, at, actor, detail FROM wh_dead_letter_history \
              WHERE dead_letter_id = $1 ORDER BY at, history_id",
@@ -146,13 +149,17 @@ impl Store {
 
     /// Whether a work row exists for (`perspective`, `event_id`): the event is queued for the
     /// daemon, so replaying or requeuing its dead letter would apply it twice.
-    pub async fn is_queued(&self, perspective: &str, event_id: Uuid) -> Result<bool, StoreError> {
+    pub(crate) async fn is_queued(
+        &self,
+        perspective: &str,
+        event_id: Uuid,
+    ) -> Result<bool, StoreError> {
         let mut conn = self.pool.acquire().await?;
         Self::is_queued_in(&mut conn, perspective, event_id).await
     }
 
     /// [`is_queued`](Self::is_queued) on the caller's connection (e.g. a replay's transaction).
-    pub async fn is_queued_in(
+    pub(crate) async fn is_queued_in(
         conn: &mut sqlx::PgConnection,
         perspective: &str,
         event_id: Uuid,
@@ -171,7 +178,7 @@ impl Store {
     /// Takes the perspective's rebuild lock shared for the rest of the caller's transaction, so
     /// no rebuild can reset and re-queue the perspective until it ends. False (nothing taken)
     /// while a rebuild holds it.
-    pub async fn try_lock_perspective_shared_in(
+    pub(crate) async fn try_lock_perspective_shared_in(
         conn: &mut sqlx::PgConnection,
         perspective: &str,
     ) -> Result<bool, StoreError> {
@@ -186,7 +193,11 @@ impl Store {
     /// for which [`StoreError::is_already_queued`] holds when a work row for its event exists
     /// (nothing is changed: no work row, no `Requeued` history), and one for which
     /// [`StoreError::is_rebuild_in_progress`] holds while its perspective is being rebuilt.
-    pub async fn requeue_dead_letter(&self, id: Uuid, actor: &str) -> Result<bool, StoreError> {
+    pub(crate) async fn requeue_dead_letter(
+        &self,
+        id: Uuid,
+        actor: &str,
+    ) -> Result<bool, StoreError> {
         sqlx::query_scalar("SELECT requeue_dead_letter($1, $2)")
             .bind(id)
             .bind(actor)
@@ -196,7 +207,11 @@ impl Store {
     }
 
     /// Purges a dead letter (compare-and-set, terminal); false if it was no longer exhausted.
-    pub async fn purge_dead_letter(&self, id: Uuid, actor: &str) -> Result<bool, StoreError> {
+    pub(crate) async fn purge_dead_letter(
+        &self,
+        id: Uuid,
+        actor: &str,
+    ) -> Result<bool, StoreError> {
         sqlx::query_scalar("SELECT purge_dead_letter($1, $2)")
             .bind(id)
             .bind(actor)
@@ -206,7 +221,7 @@ impl Store {
     }
 
     /// Records a failed replay (the letter stays exhausted); false if it was no longer exhausted.
-    pub async fn record_replay_failure(
+    pub(crate) async fn record_replay_failure(
         &self,
         id: Uuid,
         actor: &str,

@@ -12,9 +12,12 @@ use super::handle::Store;
 pub struct NewEvent {
     /// The event's type, e.g. `OrderPlaced`.
     pub event_type: String,
-    /// The payload.
+    /// The payload, any JSON value; perspectives get it as [`EventEnvelope::data`]
+    /// (typed ones deserialized, see [`decode_event`](crate::perspective::decode_event)).
+    ///
+    /// [`EventEnvelope::data`]: crate::perspective::EventEnvelope::data
     pub data: serde_json::Value,
-    /// Optional metadata.
+    /// Optional metadata (perspectives see an empty object when none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<serde_json::Value>,
     /// Optional id; generated when absent.
@@ -108,7 +111,7 @@ impl Store {
     }
 
     /// Every registered perspective, by name.
-    pub async fn perspectives(&self) -> Result<Vec<PerspectiveRecord>, StoreError> {
+    pub(crate) async fn perspectives(&self) -> Result<Vec<PerspectiveRecord>, StoreError> {
         sqlx::query_as(
             "SELECT perspective_name, event_types, created_at, updated_at \
              FROM wh_perspectives ORDER BY perspective_name",
@@ -119,7 +122,10 @@ impl Store {
     }
 
     /// One registered perspective.
-    pub async fn perspective(&self, name: &str) -> Result<Option<PerspectiveRecord>, StoreError> {
+    pub(crate) async fn perspective(
+        &self,
+        name: &str,
+    ) -> Result<Option<PerspectiveRecord>, StoreError> {
         sqlx::query_as(
             "SELECT perspective_name, event_types, created_at, updated_at \
              FROM wh_perspectives WHERE perspective_name = $1",
@@ -131,7 +137,10 @@ impl Store {
     }
 
     /// Reads the event at a global position, live from the event store.
-    pub async fn event_at(&self, global_position: i64) -> Result<Option<StoredEvent>, StoreError> {
+    pub(crate) async fn event_at(
+        &self,
+        global_position: i64,
+    ) -> Result<Option<StoredEvent>, StoreError> {
         sqlx::query_as(
             "SELECT global_position, event_id, stream_id, stream_version, event_type, \
                     event_data, metadata, created_at \
@@ -141,14 +150,6 @@ impl Store {
         .fetch_optional(&self.pool)
         .await
         .map_err(map_db_error)
-    }
-
-    /// The highest global position in the store (0 when empty).
-    pub async fn max_global_position(&self) -> Result<i64, StoreError> {
-        sqlx::query_scalar("SELECT coalesce(max(global_position), 0) FROM wh_event_store")
-            .fetch_one(&self.pool)
-            .await
-            .map_err(map_db_error)
     }
 }
 

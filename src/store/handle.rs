@@ -95,7 +95,7 @@ impl StoreOptions {
     }
 
     /// `host:port` of the target, for messages (never the password).
-    pub fn target(&self) -> String {
+    pub(crate) fn target(&self) -> String {
         match self.connect_options() {
             Ok(o) => format!("{}:{}", o.get_host(), o.get_port()),
             Err(_) => "<invalid url>".into(),
@@ -222,7 +222,7 @@ impl Store {
     }
 
     /// `host:port` of the database, for messages.
-    pub fn target(&self) -> &str {
+    pub(crate) fn target(&self) -> &str {
         &self.target
     }
 

@@ -83,7 +83,7 @@ pub struct LiveInstance {
 impl Store {
     /// Registers or heartbeats. Returns false when the instance was not registered (first call,
     /// or it had been declared dead and its leases may have been taken over).
-    pub async fn heartbeat(
+    pub(crate) async fn heartbeat(
         &self,
         instance: InstanceId,
         info: &InstanceInfo,
@@ -101,7 +101,7 @@ impl Store {
 
     /// Graceful exit: releases every lease of the instance with a refund and removes it.
     /// Returns how many leases were released.
-    pub async fn deregister(&self, instance: InstanceId) -> Result<u64, StoreError> {
+    pub(crate) async fn deregister(&self, instance: InstanceId) -> Result<u64, StoreError> {
         let n: i32 = sqlx::query_scalar("SELECT deregister_instance($1)")
             .bind(instance.0)
             .fetch_one(&self.pool)
@@ -111,7 +111,7 @@ impl Store {
     }
 
     /// Removes instances silent for longer than `stale_after`; returns their ids.
-    pub async fn cleanup_dead_instances(
+    pub(crate) async fn cleanup_dead_instances(
         &self,
         stale_after: Duration,
     ) -> Result<Vec<Uuid>, StoreError> {
@@ -123,7 +123,7 @@ impl Store {
     }
 
     /// Registered instances, oldest first.
-    pub async fn live_instances(&self) -> Result<Vec<LiveInstance>, StoreError> {
+    pub(crate) async fn live_instances(&self) -> Result<Vec<LiveInstance>, StoreError> {
         sqlx::query_as(
             "SELECT instance_id, service_name, host_name, process_id, version, started_at, \
                     last_heartbeat_at \

@@ -30,7 +30,7 @@ impl Store {
     /// Walks up to `max_lanes` lanes of the work table after `after` (from the start when
     /// `None`) and repairs the lanes the index has lost (`wh_reconcile_lanes`). One index probe
     /// per lane; never waits on a producer.
-    pub async fn reconcile_lanes(
+    pub(crate) async fn reconcile_lanes(
         &self,
         after: &LaneCursor,
         max_lanes: u32,

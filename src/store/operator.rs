@@ -11,7 +11,7 @@ use super::handle::Store;
 impl Store {
     /// The database's clock, so ages shown to operators (heartbeats, dead letters) are measured
     /// on the clock that wrote the timestamps, not on the operator's machine.
-    pub async fn database_now(&self) -> Result<DateTime<Utc>, StoreError> {
+    pub(crate) async fn database_now(&self) -> Result<DateTime<Utc>, StoreError> {
         sqlx::query_scalar("SELECT now()")
             .fetch_one(&self.pool)
             .await
@@ -20,7 +20,7 @@ impl Store {
 
     /// How many stored events up to `up_to` a registered perspective subscribes to: the
     /// denominator of a rebuild's progress. 0 for an unregistered perspective.
-    pub async fn history_event_count(
+    pub(crate) async fn history_event_count(
         &self,
         perspective: &str,
         up_to: i64,
@@ -48,7 +48,7 @@ impl Store {
 impl Store {
     /// Takes the perspective's rebuild lock if nobody holds it (not even shared: a claim, a
     /// move, a requeue or a replay in progress). False when it is busy.
-    pub async fn try_lock_for_rebuild(
+    pub(crate) async fn try_lock_for_rebuild(
         conn: &mut PgConnection,
         perspective: &str,
     ) -> Result<bool, StoreError> {
@@ -63,7 +63,7 @@ impl Store {
     /// moves, requeues and replays of the perspective already skip or refuse (a queued
     /// exclusive request blocks new shared ones), so only those in progress are waited for.
     /// False when the wait timed out.
-    pub async fn lock_for_rebuild(
+    pub(crate) async fn lock_for_rebuild(
         conn: &mut PgConnection,
         perspective: &str,
         timeout: Duration,
@@ -90,7 +90,7 @@ impl Store {
     }
 
     /// Releases the rebuild lock; false if this session did not hold it.
-    pub async fn unlock_after_rebuild(
+    pub(crate) async fn unlock_after_rebuild(
         conn: &mut PgConnection,
         perspective: &str,
     ) -> Result<bool, StoreError> {
@@ -103,7 +103,10 @@ impl Store {
 
     /// Whether some session (a `vantage perspectives rebuild`) holds the perspective's rebuild
     /// lock right now. For messages: the locks themselves are what keep commands safe.
-    pub async fn perspective_is_rebuilding(&self, perspective: &str) -> Result<bool, StoreError> {
+    pub(crate) async fn perspective_is_rebuilding(
+        &self,
+        perspective: &str,
+    ) -> Result<bool, StoreError> {
         sqlx::query_scalar("SELECT wh_perspective_is_rebuilding($1)")
             .bind(perspective)
             .fetch_one(&self.pool)
@@ -112,7 +115,7 @@ impl Store {
     }
 
     /// Rows of the perspective validly leased to a live instance: applies that may be in flight.
-    pub async fn live_leases_in(
+    pub(crate) async fn live_leases_in(
         conn: &mut PgConnection,
         perspective: &str,
     ) -> Result<i64, StoreError> {
@@ -133,7 +136,7 @@ impl Store {
     /// with any takeover). Fences stragglers: a holder whose apply is still running completes,
     /// fails or renews nothing any more, so its transaction rolls back instead of committing
     /// effects the reset would not see. Returns how many rows were leased.
-    pub async fn take_back_leases_in(
+    pub(crate) async fn take_back_leases_in(
         conn: &mut PgConnection,
         perspective: &str,
     ) -> Result<u64, StoreError> {
@@ -151,7 +154,7 @@ impl Store {
     /// Marks the perspective as being rebuilt up to `up_to` (claims skip it until
     /// [`clear_rebuild_in`](Self::clear_rebuild_in)); returns the position an earlier, interrupted
     /// rebuild had marked, if any.
-    pub async fn mark_rebuild_in(
+    pub(crate) async fn mark_rebuild_in(
         conn: &mut PgConnection,
         perspective: &str,
         up_to: i64,
@@ -168,7 +171,7 @@ impl Store {
     }
 
     /// Ends a rebuild: its history is queued, claims may take the perspective again.
-    pub async fn clear_rebuild_in(
+    pub(crate) async fn clear_rebuild_in(
         conn: &mut PgConnection,
         perspective: &str,
     ) -> Result<(), StoreError> {
@@ -183,7 +186,7 @@ impl Store {
     }
 
     /// The highest global position in the store (0 when empty), on the caller's connection.
-    pub async fn max_global_position_in(conn: &mut PgConnection) -> Result<i64, StoreError> {
+    pub(crate) async fn max_global_position_in(conn: &mut PgConnection) -> Result<i64, StoreError> {
         sqlx::query_scalar("SELECT coalesce(max(global_position), 0) FROM wh_event_store")
             .fetch_one(conn)
             .await
@@ -191,7 +194,7 @@ impl Store {
     }
 
     /// Bounds every lock wait of the caller's transaction.
-    pub async fn set_local_lock_timeout_in(
+    pub(crate) async fn set_local_lock_timeout_in(
         conn: &mut PgConnection,
         timeout: Duration,
     ) -> Result<(), StoreError> {
@@ -199,7 +202,7 @@ impl Store {
     }
 
     /// Wakes the daemons (`vantage_work`), e.g. once a rebuild has released its lock.
-    pub async fn notify_work(&self) -> Result<(), StoreError> {
+    pub(crate) async fn notify_work(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT pg_notify($1, '')")
             .bind(super::WORK_CHANNEL)
             .execute(&self.pool)

@@ -1,7 +1,5 @@
 //! Read-only views for `vantage status` and the metrics sampler.
 
-use uuid::Uuid;
-
 use super::error::{map_db_error, StoreError};
 use super::handle::Store;
 
@@ -42,7 +40,7 @@ pub struct StoreGauges {
 impl Store {
     /// Per registered perspective: pending, leased, parked, dead-lettered, oldest pending age.
     /// Counts the work table: meant for an operator's command and a sampler tick, not a hot path.
-    pub async fn perspective_status(&self) -> Result<Vec<PerspectiveStatus>, StoreError> {
+    pub(crate) async fn perspective_status(&self) -> Result<Vec<PerspectiveStatus>, StoreError> {
         sqlx::query_as(
             "WITH w AS ( \
                  SELECT perspective_name, \
@@ -72,7 +70,7 @@ impl Store {
     }
 
     /// Everything the metrics sampler needs, in one call.
-    pub async fn gauges(&self) -> Result<StoreGauges, StoreError> {
+    pub(crate) async fn gauges(&self) -> Result<StoreGauges, StoreError> {
         let perspectives = self.perspective_status().await?;
         let instances_live: i64 = sqlx::query_scalar("SELECT count(*) FROM wh_service_instances")
             .fetch_one(&self.pool)
@@ -84,20 +82,5 @@ impl Store {
             instances_live,
             blocked,
         })
-    }
-
-    /// Work rows whose event no longer exists in the event store (reported, never silently
-    /// claimed forever).
-    pub async fn orphaned_work_rows(&self, limit: i64) -> Result<Vec<Uuid>, StoreError> {
-        sqlx::query_scalar(
-            "SELECT pe.event_work_id FROM wh_perspective_events pe \
-             WHERE NOT EXISTS (SELECT 1 FROM wh_event_store e \
-                               WHERE e.global_position = pe.global_position) \
-             LIMIT $1",
-        )
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_db_error)
     }
 }

@@ -119,7 +119,7 @@ const FAILING_HEADS: &str = "\
 impl Store {
     /// Open dead letters grouped by fingerprint (of one perspective, when given), biggest first
     /// (then the most recent, then the fingerprint). Grouped in the database.
-    pub async fn error_groups(
+    pub(crate) async fn error_groups(
         &self,
         perspective: Option<&str>,
     ) -> Result<Vec<ErrorGroup>, StoreError> {
@@ -150,7 +150,7 @@ impl Store {
 
     /// Lanes whose head is parked or failing (of one perspective, when given), the most events
     /// waiting first; at most `limit`.
-    pub async fn blocked_lanes(
+    pub(crate) async fn blocked_lanes(
         &self,
         perspective: Option<&str>,
         limit: i64,
@@ -181,7 +181,7 @@ impl Store {
     }
 
     /// Per perspective with blocked lanes: how many, and how many events wait behind them.
-    pub async fn blocked_totals(
+    pub(crate) async fn blocked_totals(
         &self,
         perspective: Option<&str>,
     ) -> Result<Vec<BlockedTotals>, StoreError> {
@@ -205,7 +205,7 @@ impl Store {
     /// Pauses a registered perspective: claims skip it from the next one on. True if it was
     /// running (now paused); false if it was paused already (nothing changed: the first
     /// reason and time stand). `None` if no such perspective is registered.
-    pub async fn pause_perspective(
+    pub(crate) async fn pause_perspective(
         &self,
         name: &str,
         reason: Option<&str>,
@@ -234,7 +234,7 @@ impl Store {
     /// Resumes a paused perspective and wakes the daemons. True if it was paused; false if it
     /// was not (nothing changed). `None` if no such perspective is registered. Records when
     /// (`resumed_at`): quarantine counts only the dead letters after it.
-    pub async fn resume_perspective(&self, name: &str) -> Result<Option<bool>, StoreError> {
+    pub(crate) async fn resume_perspective(&self, name: &str) -> Result<Option<bool>, StoreError> {
         let changed: Option<bool> = sqlx::query_scalar(
             "WITH p AS (SELECT perspective_name, paused_at FROM wh_perspectives \
                         WHERE perspective_name = $1 FOR UPDATE), \
@@ -262,7 +262,7 @@ impl Store {
     /// fenced on `paused_at IS NULL`: of several daemons checking at once only one pauses it,
     /// and only that one gets `Some(paused_at)`; `None` when nothing changed. The count reads
     /// at most `dead_letters` entries of the perspective's index of recent dead letters.
-    pub async fn quarantine_perspective(
+    pub(crate) async fn quarantine_perspective(
         &self,
         name: &str,
         dead_letters: u32,
@@ -293,7 +293,7 @@ impl Store {
     }
 
     /// Every registered perspective's pause state, by name.
-    pub async fn pause_states(&self) -> Result<Vec<PauseState>, StoreError> {
+    pub(crate) async fn pause_states(&self) -> Result<Vec<PauseState>, StoreError> {
         sqlx::query_as(
             "SELECT perspective_name, paused_at, paused_reason, paused_by \
              FROM wh_perspectives ORDER BY perspective_name",

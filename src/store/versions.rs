@@ -142,7 +142,7 @@ impl Switch {
 /// Registers `definition` (idempotent) on `conn`, inside the caller's transaction, so the
 /// caller can check the version's statements in its schema before committing (see
 /// [`search_version_schema`]).
-pub async fn register_version(
+pub(crate) async fn register_version(
     conn: &mut PgConnection,
     definition: &VersionDefinition,
     actor: &str,
@@ -189,7 +189,7 @@ pub async fn register_version(
 
 /// Puts `schema` first on the search path for the rest of the caller's transaction (how a
 /// version's statements see its tables, for checking them).
-pub async fn search_version_schema(
+pub(crate) async fn search_version_schema(
     conn: &mut PgConnection,
     schema: &str,
 ) -> Result<(), StoreError> {
@@ -205,7 +205,7 @@ pub async fn search_version_schema(
 
 impl Store {
     /// Every version not retired of these perspectives, by name then version.
-    pub async fn registered_versions(
+    pub(crate) async fn registered_versions(
         &self,
         perspectives: &[String],
     ) -> Result<Vec<RegisteredVersion>, StoreError> {
@@ -223,7 +223,7 @@ impl Store {
     }
 
     /// The versions still building, among these perspectives.
-    pub async fn building_versions(
+    pub(crate) async fn building_versions(
         &self,
         perspectives: &[String],
     ) -> Result<Vec<(String, i32)>, StoreError> {
@@ -239,7 +239,7 @@ impl Store {
     }
 
     /// One backfill batch of at most `max` events (its own transaction).
-    pub async fn backfill_version(
+    pub(crate) async fn backfill_version(
         &self,
         perspective: &str,
         version: i32,
@@ -258,7 +258,7 @@ impl Store {
     }
 
     /// The versions of a perspective, oldest first (empty when it has none).
-    pub async fn version_status(
+    pub(crate) async fn version_status(
         &self,
         perspective: &str,
     ) -> Result<Vec<VersionStatus>, StoreError> {
@@ -276,7 +276,7 @@ impl Store {
 
     /// Cutover (to `version`, or the newest) or rollback, in one transaction; a refusal is an
     /// outcome, not an error.
-    pub async fn switch_version(
+    pub(crate) async fn switch_version(
         &self,
         perspective: &str,
         switch: Switch,
@@ -298,7 +298,7 @@ impl Store {
 
     /// Retires a version that is not live: `done`, `unknown`, `live` or `retired`, and how many
     /// pending work rows went with it.
-    pub async fn retire_version(
+    pub(crate) async fn retire_version(
         &self,
         perspective: &str,
         version: i32,

@@ -81,7 +81,7 @@ pub const ALL: &[&str] = &[
 /// (the `# HELP` lines of `/metrics`). Call it after installing the recorder; calling it again
 /// is harmless (the first description wins). Units are metadata only: names already carry
 /// their unit suffix, so the exporter must not append one.
-pub fn describe_all() {
+pub(crate) fn describe_all() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 
     describe_counter!(
@@ -189,7 +189,7 @@ pub fn describe_all() {
 /// shows them before anything happened: dashboards show 0 instead of "No data", and
 /// Prometheus's `increase()` sees the first dead-letter move after a start (a series that
 /// appears at 1 has no increase).
-pub fn register_zeroes(perspectives: &[String]) {
+pub(crate) fn register_zeroes(perspectives: &[String]) {
     use crate::store::{FAILURE_MAX_ATTEMPTS, FAILURE_PERMANENT};
     for p in perspectives {
         for reason in [FAILURE_MAX_ATTEMPTS, FAILURE_PERMANENT] {

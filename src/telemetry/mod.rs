@@ -1,7 +1,9 @@
-//! Telemetry: metric names (defined once), logging setup, health state, the HTTP surface.
+//! Telemetry: the names of the metrics vantage exports ([`metrics`]), for dashboards and alert
+//! rules. Logging setup, health state, the recorder and the HTTP surface (`/metrics`,
+//! `/healthz`, `/readyz`) are the daemon's own, configured through [`crate::config`].
 
-pub mod health;
-pub mod http;
-pub mod logging;
+pub(crate) mod health;
+pub(crate) mod http;
+pub(crate) mod logging;
 pub mod metrics;
-pub mod recorder;
+pub(crate) mod recorder;

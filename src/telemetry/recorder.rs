@@ -56,7 +56,7 @@ static INSTALLED: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
 
 /// Installs the global Prometheus recorder (first call) and returns its handle; later calls
 /// return the same handle. On first installation it also registers help text and units for
-/// every metric ([`names::describe_all`]), gives the latency histograms explicit buckets
+/// every metric (`metrics::describe_all`), gives the latency histograms explicit buckets
 /// ([`LATENCY_BUCKETS`]; rendered as real Prometheus histograms, `_bucket`/`_sum`/`_count`),
 /// and sets `vantage_build_info{version="<crate version>"}` to 1.
 ///

@@ -4,7 +4,9 @@
 use serde_json::json;
 use uuid::Uuid;
 use vantage::config::Settings;
-use vantage::perspective::{EventEnvelope, Perspective, SqlPerspective};
+use vantage::internals::perspective::SqlPerspective;
+use vantage::internals::store::StoreInternals as _;
+use vantage::perspective::{EventEnvelope, Perspective};
 
 use crate::support::{
     assert_golden, base_command, finish, seeded, Env, ORDER_1, ORDER_3, STREAM_A, STREAM_B,

@@ -11,7 +11,8 @@ use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 use vantage::config::Settings;
 use vantage::daemon::{DaemonBuilder, RunningDaemon};
-use vantage::store::{InstanceId, InstanceInfo, MoveOutcome, NewEvent};
+use vantage::internals::store::{InstanceInfo, MoveOutcome, StoreInternals as _};
+use vantage::store::{InstanceId, NewEvent};
 
 use crate::support::{self, Env};
 

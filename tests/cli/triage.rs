@@ -4,6 +4,7 @@
 
 use serde_json::{json, Value};
 use uuid::Uuid;
+use vantage::internals::store::StoreInternals as _;
 
 use crate::support;
 use crate::support::{assert_golden, seeded, Env};
@@ -859,7 +860,7 @@ async fn a_replay_dry_run_collects_capped_rows_only() {
         .append(Uuid::new_v4(), &[("Big", json!({ "big": big }))])
         .await;
     let n = appended[0].global_position;
-    let max = vantage::text::MAX_TEXT;
+    let max = vantage::internals::text::MAX_TEXT;
     for p in ["keyed", "loose", "echo"] {
         env.dead_letter(p, n, "MaxAttemptsExceeded").await;
         let run = env

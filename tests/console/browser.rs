@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use vantage::config::{ConsoleSettings, LoadOptions, Secret, Settings};
+use vantage::internals::store::StoreInternals as _;
 
 use crate::support::browser::{with_browser, Browser, Served};
 use crate::support::{seeded, Env};

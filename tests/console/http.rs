@@ -11,6 +11,7 @@ use base64::Engine as _;
 use tower::ServiceExt as _;
 use vantage::config::{ConsoleSettings, Secret, Settings};
 use vantage::internals::console::{self, security, ConsoleState};
+use vantage::internals::store::StoreInternals as _;
 
 use serde_json::json;
 
@@ -708,7 +709,8 @@ async fn a_connection_that_sends_nothing_is_closed_after_the_head_timeout() {
         stop.clone(),
     ));
     let mut silent = tokio::net::TcpStream::connect(local).await.unwrap();
-    let limit = vantage::telemetry::http::REQUEST_HEAD_TIMEOUT + std::time::Duration::from_secs(5);
+    let limit = vantage::internals::telemetry::http::REQUEST_HEAD_TIMEOUT
+        + std::time::Duration::from_secs(5);
     let mut buf = [0u8; 64];
     let read = tokio::time::timeout(limit, silent.read(&mut buf))
         .await
@@ -742,9 +744,9 @@ async fn a_non_loopback_listen_without_authentication_is_refused_with_78() {
         config: Some(env.config.clone()),
         database_url: None,
     };
-    let code = vantage::cli::console::run(
+    let code = vantage::internals::cli::console::run(
         &global,
-        vantage::cli::console::ConsoleArgs {
+        vantage::internals::cli::console::ConsoleArgs {
             listen: Some("0.0.0.0:0".into()),
         },
     )
@@ -753,9 +755,9 @@ async fn a_non_loopback_listen_without_authentication_is_refused_with_78() {
 
     // An address that cannot be bound is 78 too, before the database is touched.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let code = vantage::cli::console::run(
+    let code = vantage::internals::cli::console::run(
         &global,
-        vantage::cli::console::ConsoleArgs {
+        vantage::internals::cli::console::ConsoleArgs {
             listen: Some(taken.local_addr().unwrap().to_string()),
         },
     )
@@ -2322,7 +2324,7 @@ const PROBES: usize = 100;
 /// whose body trickles, and floods of requests (issue 19, defect 2 and its "done when").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_probes_answer_during_an_attack_of_every_shape() {
-    use vantage::telemetry::{health::Health, http, recorder};
+    use vantage::internals::telemetry::{health::Health, http, recorder};
     let (listener, addr) = http::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(http::serve_on(

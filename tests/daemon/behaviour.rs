@@ -11,10 +11,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use uuid::Uuid;
 use vantage::config::WorkerSettings;
+use vantage::internals::perspective::PerspectiveRegistry;
 use vantage::internals::pipeline::cooldown::CooldownCache;
 use vantage::internals::pipeline::{DrainOutcome, Pipeline};
-use vantage::perspective::{ApplyError, ApplyTx, EventEnvelope, Perspective, PerspectiveRegistry};
-use vantage::store::{InstanceId, InstanceInfo, NewEvent, Store, WorkStore};
+use vantage::internals::store::{InstanceInfo, StoreInternals as _, WorkStore};
+use vantage::perspective::{ApplyError, ApplyTx, EventEnvelope, Perspective};
+use vantage::store::{InstanceId, NewEvent, Store};
 use vantage::testkit::TestKit;
 
 use crate::support::Env;
@@ -174,7 +176,10 @@ impl Harness for Memory {
     }
 
     async fn pass(&self) -> DrainOutcome {
-        self.kit.pipeline().drain_once().await.unwrap()
+        vantage::internals::testkit::pipeline(&self.kit)
+            .drain_once()
+            .await
+            .unwrap()
     }
 
     async fn time_passes(&self) {
@@ -202,7 +207,13 @@ impl Harness for Memory {
     }
 
     fn cooldown(&self) -> Arc<CooldownCache> {
-        Arc::clone(self.kit.pipeline().ctx.cooldown.as_ref().unwrap())
+        Arc::clone(
+            vantage::internals::testkit::pipeline(&self.kit)
+                .ctx
+                .cooldown
+                .as_ref()
+                .unwrap(),
+        )
     }
 
     fn log(&self) -> &Log {

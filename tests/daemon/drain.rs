@@ -205,7 +205,7 @@ Counted = "INSERT INTO poison_model (stream_id, version, n) VALUES ($2, $6, ($1-
     }
     // Every other event applied, including those behind the poison ones.
     assert_eq!(env.scalar("SELECT count(*) FROM poison_model").await, 28);
-    let rendered = vantage::telemetry::recorder::render();
+    let rendered = vantage::internals::telemetry::recorder::render();
     assert_eq!(
         metric_value(
             &rendered,
@@ -347,7 +347,7 @@ async fn a_failing_move_keeps_the_row_in_the_apply_set() {
     env.exec("UPDATE wh_perspective_events SET attempts = 10")
         .await;
     let before = metric_value(
-        &vantage::telemetry::recorder::render(),
+        &vantage::internals::telemetry::recorder::render(),
         "vantage_dead_letter_move_errors_total",
         &[],
     );
@@ -365,7 +365,7 @@ async fn a_failing_move_keeps_the_row_in_the_apply_set() {
     );
     assert_eq!(env.scalar("SELECT count(*) FROM wh_dead_letters").await, 0);
     let after = metric_value(
-        &vantage::telemetry::recorder::render(),
+        &vantage::internals::telemetry::recorder::render(),
         "vantage_dead_letter_move_errors_total",
         &[],
     );
@@ -456,10 +456,10 @@ async fn cooled_rows_are_completed_without_a_second_apply_per_perspective() {
     cache.mark(a_row);
 
     let s = settings(&env, "");
-    let daemon = DaemonBuilder::new(s)
+    let builder = DaemonBuilder::new(s)
         .store(env.store.clone())
-        .without_http()
-        .cooldown_cache(Arc::clone(&cache))
+        .without_http();
+    let daemon = vantage::internals::daemon::cooldown_cache(builder, Arc::clone(&cache))
         .perspective(Recorder {
             name: "cool_a".into(),
             delay: Duration::ZERO,
@@ -631,7 +631,8 @@ async fn shutdown_returns_within_the_grace_and_leaves_no_lease() {
 async fn a_head_acquired_for_a_stream_another_loop_holds_is_given_back() {
     use vantage::internals::pipeline::claim::{claim_batch, ClaimLimits};
     use vantage::internals::pipeline::inflight::InFlight;
-    use vantage::store::{InstanceId, InstanceInfo};
+    use vantage::internals::store::{InstanceInfo, StoreInternals as _};
+    use vantage::store::InstanceId;
 
     let env = env().await;
     let stream = preset_rows(&env, "handoff", 1).await[0];

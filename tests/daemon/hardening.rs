@@ -10,8 +10,9 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 use vantage::config::{Settings, WorkerSettings};
 use vantage::daemon::{DaemonBuilder, RunningDaemon};
+use vantage::internals::store::{InstanceInfo, StoreInternals as _};
 use vantage::perspective::{ApplyError, ApplyTx, EventEnvelope, Perspective};
-use vantage::store::{InstanceId, InstanceInfo, NewEvent, Store};
+use vantage::store::{InstanceId, NewEvent, Store};
 
 use crate::support::{self, Env};
 
@@ -78,7 +79,7 @@ async fn shutdown_within(daemon: RunningDaemon, limit: Duration) -> Duration {
 }
 
 fn metric_value(name: &str, labels: &[(&str, &str)]) -> f64 {
-    vantage::telemetry::recorder::render()
+    vantage::internals::telemetry::recorder::render()
         .lines()
         .filter(|l| l.starts_with(name) && !l.starts_with('#'))
         .filter(|l| {
@@ -716,7 +717,7 @@ E = "INSERT INTO gone_applied (stream_id) VALUES ($2)"
 /// a row a rebuild had taken back). An operator's move (no instance) is not fenced.
 #[tokio::test]
 async fn a_move_on_behalf_of_a_lease_only_moves_rows_leased_to_it() {
-    use vantage::store::MoveOutcome;
+    use vantage::internals::store::MoveOutcome;
     let env = env().await;
     register(&env, "fenced", &["E"]).await;
     append(&env, Uuid::new_v4(), &["E"]).await;
@@ -748,7 +749,7 @@ async fn a_move_on_behalf_of_a_lease_only_moves_rows_leased_to_it() {
     let moved: Option<Uuid> =
         sqlx::query_scalar("SELECT move_to_dead_letters($1, $2, $3, $4, $5, NULL)")
             .bind(Uuid::new_v4())
-            .bind(vantage::store::SOURCE_TABLE)
+            .bind(vantage::internals::store::SOURCE_TABLE)
             .bind(work_id)
             .bind("MaxAttemptsExceeded")
             .bind("test")

@@ -18,10 +18,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 use vantage::config::Settings;
+use vantage::internals::telemetry::http::{self, Health, HttpState};
+use vantage::internals::telemetry::recorder;
 use vantage::store::{Store, StoreOptions};
-use vantage::telemetry::http::{self, Health, HttpState};
 use vantage::telemetry::metrics as m;
-use vantage::telemetry::recorder;
 
 use crate::support;
 use crate::support::deploy::{self, at, seq_at, str_at};

@@ -715,7 +715,7 @@ Counted = "INSERT INTO poison_applied (stream_id, version, n, seq) VALUES ($2, $
         "healthy events applied out of stream order"
     );
     let moves = process::metric_value(
-        &vantage::telemetry::recorder::render(),
+        &vantage::internals::telemetry::recorder::render(),
         "vantage_dead_letter_moves_total",
         &[("perspective", name), ("reason", "MaxAttemptsExceeded")],
     );

@@ -13,6 +13,7 @@ use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use tower::ServiceExt as _;
 use uuid::Uuid;
+use vantage::internals::store::StoreInternals as _;
 use vantage::store::NewEvent;
 
 use crate::support::process::{self, Daemon};
@@ -248,7 +249,9 @@ async fn a_perspective_quarantines_itself_once_and_a_resume_is_not_undone_by_old
     db.wait_until("SELECT count(*) FROM public.q_fragile", 5, LIMIT)
         .await;
     let resumed = Instant::now();
-    while resumed.elapsed() < vantage::daemon::QUARANTINE_PERIOD * 2 + Duration::from_secs(1) {
+    while resumed.elapsed()
+        < vantage::internals::daemon::QUARANTINE_PERIOD * 2 + Duration::from_secs(1)
+    {
         assert_eq!(paused(&db).await, 0, "re-paused by the old dead letters");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -347,7 +350,7 @@ async fn the_quarantine_statement_counts_the_window_since_the_resume_and_pauses_
     assert_eq!(state.paused_reason.as_deref(), Some(reason));
     assert_eq!(
         state.paused_by.as_deref(),
-        Some(vantage::store::QUARANTINE_BY)
+        Some(vantage::internals::store::QUARANTINE_BY)
     );
     // Paused already: nothing changes.
     assert_eq!(quarantine("fragile").await, None);

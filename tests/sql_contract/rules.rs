@@ -14,10 +14,11 @@ use serde_json::json;
 use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::PgPool;
 use uuid::Uuid;
-use vantage::store::{
-    AppendedEvent, ClaimedHead, InstanceId, InstanceInfo, MoveOutcome, NewEvent, Store, StoreError,
-    StoreOptions, WorkRow, FAILURE_MAX_ATTEMPTS, MIGRATOR, SOURCE_TABLE,
+use vantage::internals::store::{
+    ClaimedHead, InstanceInfo, MoveOutcome, StoreInternals as _, WorkRow, FAILURE_MAX_ATTEMPTS,
+    MIGRATOR, SOURCE_TABLE,
 };
+use vantage::store::{AppendedEvent, InstanceId, NewEvent, Store, StoreError, StoreOptions};
 
 use crate::support::{self, Env};
 
@@ -2100,7 +2101,7 @@ async fn rebuild_lock_stops_claims_moves_and_requeues_of_its_perspective() -> Te
     assert_eq!(sqlstate(e).as_deref(), Some("55P03"), "{e}");
     assert!(e.to_string().contains("being rebuilt"), "{e}");
     let mut replay = store.pool().begin().await?;
-    let resolved = vantage::store::resolve_dead_letter_in(&mut replay, dl, "ops").await;
+    let resolved = vantage::internals::store::resolve_dead_letter_in(&mut replay, dl, "ops").await;
     let Err(StoreError::Database(e)) = &resolved else {
         panic!("a replay's resolution must raise while P1 is rebuilt: {resolved:?}");
     };
@@ -2240,7 +2241,8 @@ async fn purged_dead_letter_stays_purged_when_its_event_is_exhausted_again() -> 
     // Queued again the way a rebuild does it, then exhausted again.
     let mut conn = store.pool().acquire().await?;
     let (queued, _) =
-        vantage::store::requeue_history_batch_in(&mut conn, "P1", 0, position, 100).await?;
+        vantage::internals::store::requeue_history_batch_in(&mut conn, "P1", 0, position, 100)
+            .await?;
     drop(conn);
     assert_eq!(
         queued, 1,
@@ -2543,7 +2545,7 @@ async fn a_locked_head_is_skipped_without_waiting_and_nothing_behind_it_is_taken
 /// the transaction that created it.
 #[tokio::test]
 async fn the_batched_apply_runs_every_kind_of_statement_in_order() -> TestResult {
-    use vantage::store::{StatementBatch, StatementParams};
+    use vantage::internals::store::{StatementBatch, StatementParams};
 
     let nobody = InstanceId::new(); // nothing to complete: the statements alone
 
@@ -3048,7 +3050,8 @@ async fn an_append_never_waits_for_a_failing_head_or_a_rebuild() -> TestResult {
         .fetch_one(&mut *rebuild)
         .await?;
     let (queued, _) =
-        vantage::store::requeue_history_batch_in(&mut rebuild, "P1", 0, up_to, 1000).await?;
+        vantage::internals::store::requeue_history_batch_in(&mut rebuild, "P1", 0, up_to, 1000)
+            .await?;
     assert_eq!(queued, 2, "the rebuilt stream's history is queued again");
     append_on(&mut producer, rebuilt, 1)
         .await

@@ -26,6 +26,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use vantage::config::Settings;
 use vantage::internals::console::{self, ConsoleState};
+use vantage::internals::store::StoreInternals as _;
 use vantage::store::Store;
 
 /// The window every page is looked at in.

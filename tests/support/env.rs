@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use uuid::Uuid;
-use vantage::store::{
-    AppendedEvent, InstanceId, InstanceInfo, MoveOutcome, NewEvent, Store, StoreOptions,
-};
+use vantage::internals::store::{InstanceInfo, MoveOutcome, StoreInternals as _};
+use vantage::store::{AppendedEvent, InstanceId, NewEvent, Store, StoreOptions};
 
 use super::database::{fresh_database, TestDatabase};
 

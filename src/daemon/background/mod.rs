@@ -48,6 +48,7 @@ pub struct Activator(Arc<Notify>);
 
 impl Activator {
     /// Asks for one more activation soon.
+    #[cfg(test)]
     pub fn activate(&self) {
         self.0.notify_one();
     }
@@ -142,11 +143,13 @@ impl Driver {
     }
 
     /// The activator of the task named `name`.
+    #[cfg(test)]
     pub fn activator(&self, name: &str) -> Option<Activator> {
         self.lock_activators().get(name).cloned()
     }
 
     /// The latest status of every task that has run.
+    #[cfg(test)]
     pub fn statuses(&self) -> BTreeMap<String, TaskStatus> {
         self.statuses
             .lock()

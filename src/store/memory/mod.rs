@@ -35,6 +35,45 @@ mod tests {
 
     const LEASE: Duration = Duration::from_secs(60);
 
+    /// Was `MemoryStore`'s doc example: claiming by hand through `WorkStore`, now crate-private.
+    #[tokio::test]
+    async fn a_failure_parks_the_row_for_its_backoff_on_the_stores_clock() {
+        let store = MemoryStore::new();
+        store.subscribe("totals", vec!["*".into()]);
+        let me = InstanceId::new();
+        store.register_instance(me);
+        let stream = uuid::Uuid::new_v4();
+        store.append(
+            stream,
+            vec![NewEvent::new("Added", serde_json::json!({ "n": 1 }))],
+        );
+
+        let lease = Duration::from_secs(60);
+        let rows = store
+            .claim_work(me, lease, 10, 100, &["totals".into()])
+            .await
+            .unwrap();
+        assert_eq!((rows.len(), rows[0].attempts), (1, 1));
+
+        // A failure parks the row for its backoff, on the store's clock.
+        let id = rows[0].event_work_id;
+        store
+            .record_failure(me, id, "boom", Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(store
+            .claim_work(me, lease, 10, 100, &["totals".into()])
+            .await
+            .unwrap()
+            .is_empty());
+        store.advance(Duration::from_secs(5));
+        let again = store
+            .claim_work(me, lease, 10, 100, &["totals".into()])
+            .await
+            .unwrap();
+        assert_eq!((again[0].attempts, again[0].failures), (2, 1));
+    }
+
     fn store_with(perspectives: &[&str]) -> MemoryStore {
         let store = MemoryStore::new();
         for p in perspectives {

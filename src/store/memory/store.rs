@@ -14,7 +14,8 @@ use super::state::{Event, Op, Row, State};
 /// A work row still in the memory store, as [`MemoryStore::work`] shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemoryWork {
-    /// The work row.
+    /// The work row's id (one row per event and perspective), as
+    /// [`EventEnvelope::event_work_id`](crate::perspective::EventEnvelope::event_work_id).
     pub event_work_id: Uuid,
     /// Its perspective.
     pub perspective_name: String,
@@ -26,7 +27,7 @@ pub struct MemoryWork {
     pub global_position: i64,
     /// Claims so far (one-based once claimed).
     pub attempts: i32,
-    /// Failures recorded.
+    /// Apply failures recorded (each parks the row until its backoff passes, `due_at`).
     pub failures: i32,
     /// The last error recorded or noted.
     pub last_error: Option<String>,
@@ -37,33 +38,23 @@ pub struct MemoryWork {
 }
 
 /// The in-memory store: events, work rows and lanes in one process, behind one lock. Cheap to
-/// clone (a handle); clones share everything. Most tests want it through the
-/// [`testkit`](crate::testkit); on its own it is the pipeline's [`WorkStore`](crate::store::WorkStore):
+/// clone (a handle); clones share everything. Tests drive perspectives on it through the
+/// [`testkit`](crate::testkit); on its own it shows what is left to do and moves its clock:
 ///
 /// ```
 /// use std::time::Duration;
-/// use vantage::store::{InstanceId, MemoryStore, NewEvent, WorkStore};
+/// use vantage::store::{MemoryStore, NewEvent};
 ///
-/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// let store = MemoryStore::new();
 /// store.subscribe("totals", vec!["*".into()]);
-/// let me = InstanceId::new();
-/// store.register_instance(me);
 /// let stream = uuid::Uuid::new_v4();
 /// store.append(stream, vec![NewEvent::new("Added", serde_json::json!({ "n": 1 }))]);
 ///
-/// let lease = Duration::from_secs(60);
-/// let rows = store.claim_work(me, lease, 10, 100, &["totals".into()]).await.unwrap();
-/// assert_eq!((rows.len(), rows[0].attempts), (1, 1));
-///
-/// // A failure parks the row for its backoff, on the store's clock.
-/// let id = rows[0].event_work_id;
-/// store.record_failure(me, id, "boom", Duration::from_secs(5)).await.unwrap();
-/// assert!(store.claim_work(me, lease, 10, 100, &["totals".into()]).await.unwrap().is_empty());
+/// let work = store.work();
+/// assert_eq!(work.len(), 1);
+/// assert_eq!((work[0].perspective_name.as_str(), work[0].leased), ("totals", false));
 /// store.advance(Duration::from_secs(5));
-/// let again = store.claim_work(me, lease, 10, 100, &["totals".into()]).await.unwrap();
-/// assert_eq!((again[0].attempts, again[0].failures), (2, 1));
-/// # });
+/// assert_eq!(store.now(), Duration::from_secs(5));
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct MemoryStore {
