@@ -76,6 +76,13 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON vantage.wh_service_instances TO vantage_
 GRANT SELECT, INSERT, UPDATE ON vantage.wh_dead_letters TO vantage_daemon;
 -- History is append-only (a trigger refuses UPDATE and DELETE even to the owner).
 GRANT SELECT, INSERT ON vantage.wh_dead_letter_history TO vantage_daemon;
+-- Versioned perspectives (docs/versions.md): claims read which versions are still building;
+-- the backfill records its position and state, and the first version's going live its
+-- history row. Registering a version (it creates schemas and runs setup) and making one live
+-- (it re-creates the views of read_schema) need more: run those as the owner, or grant CREATE
+-- on the database and ownership of the read_schema.
+GRANT SELECT, UPDATE ON vantage.wh_perspective_versions TO vantage_daemon;
+GRANT SELECT, INSERT ON vantage.wh_perspective_version_history TO vantage_daemon;
 -- Identity columns need no sequence privileges; this keeps older or custom setups working.
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA vantage TO vantage_daemon;
 -- The contract functions (EXECUTE is also PUBLIC by default; say it explicitly).

@@ -196,7 +196,21 @@ pub struct OverviewPage {
     pub refresh_seconds: Option<u32>,
     pub refresh_every: u32,
     pub perspectives: Vec<PerspectiveRow>,
+    pub versions: Vec<VersionRow>,
     pub instances: Vec<InstanceRow>,
+}
+
+/// A row of the overview's versions table (docs/versions.md): one version of a versioned
+/// perspective.
+pub struct VersionRow {
+    pub perspective: String,
+    pub version: i32,
+    pub state: String,
+    pub live: bool,
+    pub behind: i64,
+    pub backfill: String,
+    pub schema: String,
+    pub since: String,
 }
 
 /// The list's filter form, as the user typed it.

@@ -92,9 +92,11 @@ pub struct SwitchOutcome {
     pub behind: Option<i64>,
 }
 
-/// A version as operators see it (`vantage perspectives versions`).
+/// A version as operators see it (`vantage perspectives versions`, the console).
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
 pub struct VersionStatus {
+    /// The perspective's configured name.
+    pub perspective_name: String,
     /// The version.
     pub version: i32,
     /// `building`, `ready`, `live` or `retired`.
@@ -263,12 +265,29 @@ impl Store {
         perspective: &str,
     ) -> Result<Vec<VersionStatus>, StoreError> {
         sqlx::query_as(
-            "SELECT version, state, coalesce(wh_version_behind(perspective_name, version), 0) AS behind, \
+            "SELECT perspective_name, version, state, \
+                    coalesce(wh_version_behind(perspective_name, version), 0) AS behind, \
                     backfill_position, backfill_target, backfill_applied, backfill_started_at, \
                     backfill_done_at, created_at, live_since, registry_name, version_schema \
              FROM wh_perspective_versions WHERE perspective_name = $1 ORDER BY version",
         )
         .bind(perspective)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_db_error)
+    }
+
+    /// Every version of every versioned perspective that is not retired, by name then version
+    /// (the console's overview, the metrics).
+    pub(crate) async fn all_version_status(&self) -> Result<Vec<VersionStatus>, StoreError> {
+        sqlx::query_as(
+            "SELECT perspective_name, version, state, \
+                    coalesce(wh_version_behind(perspective_name, version), 0) AS behind, \
+                    backfill_position, backfill_target, backfill_applied, backfill_started_at, \
+                    backfill_done_at, created_at, live_since, registry_name, version_schema \
+             FROM wh_perspective_versions WHERE state <> 'retired' \
+             ORDER BY perspective_name, version",
+        )
         .fetch_all(&self.pool)
         .await
         .map_err(map_db_error)

@@ -45,12 +45,19 @@ pub const PERSPECTIVE_QUARANTINES_TOTAL: &str = "vantage_perspective_quarantines
 pub const LANES_REPAIRED_TOTAL: &str = "vantage_lanes_repaired_total";
 /// Gauge (always 1): build information, label `version`.
 pub const BUILD_INFO: &str = "vantage_build_info";
+/// Gauge: events a version of a versioned perspective has not applied yet (its pending work
+/// rows, plus while it backfills the history after its position), labels `perspective` (the
+/// configured name) and `version` (docs/versions.md).
+pub const PERSPECTIVE_VERSION_BEHIND: &str = "vantage_perspective_version_behind";
+/// Gauge: the version readers of a versioned perspective see (0 while none is live), label
+/// `perspective`.
+pub const PERSPECTIVE_LIVE_VERSION: &str = "vantage_perspective_live_version";
 
 /// Label: perspective name.
 pub const LABEL_PERSPECTIVE: &str = "perspective";
 /// Label: dead-letter reason.
 pub const LABEL_REASON: &str = "reason";
-/// Label: build version.
+/// Label: build version (of `vantage_build_info`), or a perspective's version.
 pub const LABEL_VERSION: &str = "version";
 
 /// Every metric name, for the test that checks dashboards and alerts.
@@ -75,6 +82,8 @@ pub const ALL: &[&str] = &[
     PERSPECTIVE_QUARANTINES_TOTAL,
     LANES_REPAIRED_TOTAL,
     BUILD_INFO,
+    PERSPECTIVE_VERSION_BEHIND,
+    PERSPECTIVE_LIVE_VERSION,
 ];
 
 /// Registers the help text and unit of every metric in [`ALL`] with the installed recorder
@@ -181,6 +190,15 @@ pub(crate) fn describe_all() {
     describe_gauge!(
         BUILD_INFO,
         "Build information (always 1), labelled with the version."
+    );
+    describe_gauge!(
+        PERSPECTIVE_VERSION_BEHIND,
+        Unit::Count,
+        "Events a version of a versioned perspective has not applied yet, by perspective and version."
+    );
+    describe_gauge!(
+        PERSPECTIVE_LIVE_VERSION,
+        "The version readers of a versioned perspective see (0 while none is live), by perspective."
     );
 }
 

@@ -2389,3 +2389,48 @@ async fn an_operator_is_answered_during_an_attack_of_every_shape() {
     stop.cancel();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(30), server).await;
 }
+
+#[tokio::test]
+async fn overview_lists_each_version_of_a_versioned_perspective() {
+    let env = seeded().await;
+    let console = open_console(&env);
+    let before = ok(get(&console, "/").await);
+    assert!(!before.contains("<h2>Versions</h2>"), "{before}");
+    let register = |version: i32| {
+        format!(
+            "SELECT created FROM register_perspective_version('orders', {version}, 'rm', \
+             ARRAY['orders'], ARRAY['Placed'], \
+             '{{\"Placed\": \"INSERT INTO orders (id) VALUES ($2) ON CONFLICT DO NOTHING\"}}', \
+             'CREATE TABLE orders (id uuid PRIMARY KEY)')"
+        )
+    };
+    env.exec(&register(1)).await;
+    // Backfilled to the end: the first version goes live by itself.
+    let started = std::time::Instant::now();
+    while env
+        .scalar(
+            "SELECT count(*) FROM backfill_perspective_version('orders', 1, 1000) \
+             WHERE outcome IN ('live', 'ready')",
+        )
+        .await
+        == 0
+    {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "never live"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    env.exec(&register(2)).await;
+    let body = ok(get(&console, "/").await);
+    assert!(body.contains("<h2>Versions</h2>"), "{body}");
+    let row = |version: &str, state: &str| {
+        format!("<td>orders</td>\n<td class=\"num\">{version}</td>\n<td>{state}</td>")
+    };
+    assert!(
+        body.contains(&row("1", "<span class=\"badge\">live</span>")),
+        "{body}"
+    );
+    assert!(body.contains(&row("2", "building")), "{body}");
+    assert!(body.contains("<code>orders_v2</code>"), "{body}");
+}

@@ -85,6 +85,12 @@ fn emit_every_metric() {
                 metrics::gauge!(name, m::LABEL_PERSPECTIVE => P).set(1.0);
             }
             m::INSTANCES_LIVE => metrics::gauge!(name).set(1.0),
+            m::PERSPECTIVE_VERSION_BEHIND => {
+                metrics::gauge!(name, m::LABEL_PERSPECTIVE => P, m::LABEL_VERSION => "2").set(1.0);
+            }
+            m::PERSPECTIVE_LIVE_VERSION => {
+                metrics::gauge!(name, m::LABEL_PERSPECTIVE => P).set(1.0);
+            }
             // Set by recorder::install.
             m::BUILD_INFO => {}
             other => panic!(

@@ -6,7 +6,7 @@ use axum::response::{Html, IntoResponse, Response};
 use serde::Deserialize;
 
 use crate::console::error::PageError;
-use crate::console::view::{self, InstanceRow, OverviewPage, PerspectiveRow};
+use crate::console::view::{self, InstanceRow, OverviewPage, PerspectiveRow, VersionRow};
 use crate::console::{ConsoleState, REFRESH_SECONDS};
 
 /// The overview's query: `refresh=off` pauses the auto-refresh.
@@ -26,6 +26,7 @@ pub async fn show(
     let instances = store.live_instances().await?;
     let now = store.database_now().await?;
     let blocked = store.blocked_totals(None).await?;
+    let versions = store.all_version_status().await?;
 
     let paused = query.refresh.as_deref() == Some("off");
     let page = OverviewPage {
@@ -80,6 +81,29 @@ pub async fn show(
                 leased: p.leased,
                 parked: p.parked,
                 dead_lettered: p.dead_lettered,
+            })
+            .collect(),
+        versions: versions
+            .into_iter()
+            .map(|v| VersionRow {
+                backfill: match (v.state.as_str(), v.backfill_target) {
+                    ("building", Some(target)) => {
+                        format!("at position {} of {target}", v.backfill_position)
+                    }
+                    ("building", None) => "not started".to_owned(),
+                    _ => format!("done ({} applied)", v.backfill_applied),
+                },
+                since: v
+                    .live_since
+                    .filter(|_| v.state == "live")
+                    .map(|at| format!("live since {}", view::at(&at)))
+                    .unwrap_or_else(|| format!("registered {}", view::at(&v.created_at))),
+                live: v.state == "live",
+                perspective: v.perspective_name,
+                version: v.version,
+                state: v.state,
+                behind: v.behind,
+                schema: v.version_schema,
             })
             .collect(),
         instances: instances

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use super::{bounded, BackgroundTask};
 use crate::store::Store;
+use crate::telemetry::metrics as m;
 
 /// Backfills the building versions of `perspectives`.
 pub struct Backfill {
@@ -21,6 +22,8 @@ pub struct Backfill {
     pub batch: i32,
     /// When progress was last logged, per (perspective, version).
     logged: std::collections::HashMap<(String, i32), Instant>,
+    /// When the version gauges were last set.
+    sampled: Option<Instant>,
 }
 
 impl Backfill {
@@ -30,6 +33,9 @@ impl Backfill {
     const ROUND: Duration = Duration::from_secs(5);
     /// How often progress is logged.
     const LOG_EVERY: Duration = Duration::from_secs(10);
+    /// How often the version gauges are set (counting what a version is behind reads its
+    /// pending rows, and while it builds the history after its position).
+    const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 
     /// Backfills the building versions of these perspectives, `batch` events per transaction.
     pub fn new(store: Store, perspectives: Vec<String>, batch: i32) -> Backfill {
@@ -38,6 +44,7 @@ impl Backfill {
             perspectives,
             batch,
             logged: Default::default(),
+            sampled: None,
         }
     }
 }
@@ -110,11 +117,41 @@ impl BackgroundTask for Backfill {
             report.push(json!({"perspective": name, "version": version,
                 "outcome": step.outcome, "applied": applied, "position": position}));
         }
+        self.sample().await;
         json!({"versions": report})
     }
 }
 
 impl Backfill {
+    /// Sets `vantage_perspective_version_behind` and `vantage_perspective_live_version` for the
+    /// configured versioned perspectives, every [`Self::SAMPLE_EVERY`].
+    async fn sample(&mut self) {
+        if self
+            .sampled
+            .is_some_and(|at| at.elapsed() < Self::SAMPLE_EVERY)
+        {
+            return;
+        }
+        self.sampled = Some(Instant::now());
+        let Ok(all) = bounded(Duration::from_secs(10), self.store.all_version_status()).await
+        else {
+            return;
+        };
+        for name in &self.perspectives {
+            let mut live = 0.0;
+            for v in all.iter().filter(|v| &v.perspective_name == name) {
+                if v.state == "live" {
+                    live = f64::from(v.version);
+                }
+                metrics::gauge!(m::PERSPECTIVE_VERSION_BEHIND,
+                    m::LABEL_PERSPECTIVE => name.clone(), m::LABEL_VERSION => v.version.to_string())
+                .set(v.behind as f64);
+            }
+            metrics::gauge!(m::PERSPECTIVE_LIVE_VERSION, m::LABEL_PERSPECTIVE => name.clone())
+                .set(live);
+        }
+    }
+
     /// Whether progress of this version is due to be logged (and notes that it was).
     fn due(&mut self, name: &str, version: i32) -> bool {
         let now = Instant::now();
