@@ -110,11 +110,14 @@ pub enum Check {
     /// The drain while a producer holds an append to 300 streams with work open, against the
     /// same drain without it; then how soon the held events apply after the commit.
     HeldAppend,
+    /// A versioned perspective: backfill against the drain, the live version's latency while
+    /// a new one backfills, cutover and rollback time.
+    Versions,
 }
 
 impl Check {
     /// Every check, in the order they run.
-    pub const ALL: [Check; 10] = [
+    pub const ALL: [Check; 11] = [
         Check::DeadLetter,
         Check::Parked,
         Check::Perspectives,
@@ -125,6 +128,7 @@ impl Check {
         Check::DeadTuples,
         Check::Producers,
         Check::HeldAppend,
+        Check::Versions,
     ];
 
     /// The command-line spelling.
@@ -140,6 +144,7 @@ impl Check {
             Check::Rss => "rss",
             Check::Producers => "producers",
             Check::HeldAppend => "held-append",
+            Check::Versions => "versions",
         }
     }
 

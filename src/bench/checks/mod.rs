@@ -12,6 +12,7 @@ mod perspectives;
 mod producers;
 mod rss;
 mod shapes;
+mod versions;
 
 use super::drain::DrainRun;
 use super::{Bench, BenchError, Check};
@@ -109,6 +110,7 @@ pub async fn run(bench: &Bench, check: Check, main: &DrainRun) -> Result<CheckOu
         Check::DeadTuples => dead_tuples::run(bench).await,
         Check::Producers => producers::run(bench).await,
         Check::HeldAppend => held_append::run(bench).await,
+        Check::Versions => versions::run(bench).await,
     }
 }
 

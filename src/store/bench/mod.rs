@@ -12,13 +12,15 @@
 //!
 //! By concern: `setup` (the schema, the seed and the shapes of the work rows), `readings` (what
 //! the harness reads back), `limit` (the physical limit's statements), `claim` (the daemon's
-//! claim, timed and explained) and `load` (what the checks run beside the daemon).
+//! claim, timed and explained), `load` (what the checks run beside the daemon) and `versions`
+//! (the versioned-perspective check's own readings).
 
 mod claim;
 mod limit;
 mod load;
 mod readings;
 mod setup;
+mod versions;
 
 use sqlx::postgres::PgPool;
 
@@ -26,6 +28,7 @@ use super::Store;
 
 pub use limit::LimitTable;
 pub use readings::{DrainCheck, RunCounters};
+pub use versions::{VERSIONED, VERSIONED_READ_SCHEMA};
 
 /// The schema the benchmark drops and recreates (never the configured `database.schema`).
 pub const BENCH_SCHEMA: &str = "vantage_bench";

@@ -43,7 +43,8 @@ ORDER BY v, s";
 /// instances), restarting the identities so a re-seed gets the same global positions.
 const RESET_DATA: &str = "
 TRUNCATE wh_event_store, wh_perspective_events, wh_perspective_lanes, wh_lane_wakeups, wh_dead_letter_history,
-         wh_dead_letters, wh_service_instances, wh_perspectives, bench_applied RESTART IDENTITY;
+         wh_dead_letters, wh_service_instances, wh_perspectives, wh_perspective_versions,
+         wh_perspective_version_history, bench_applied RESTART IDENTITY;
 ALTER SEQUENCE bench_applied_seq RESTART";
 
 impl BenchStore {
