@@ -75,6 +75,21 @@ CREATE TABLE wh_perspective_version_history (
 CREATE INDEX wh_perspective_version_history_name_idx
     ON wh_perspective_version_history (perspective_name, history_id);
 
+-- An audit trail, append-only in the database (as the dead letters' history).
+CREATE FUNCTION wh_perspective_version_history_append_only()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $$
+BEGIN
+    RAISE EXCEPTION 'wh_perspective_version_history is append-only (% refused)', TG_OP
+        USING ERRCODE = '55000';
+END
+$$;
+
+CREATE TRIGGER wh_perspective_version_history_append_only
+    BEFORE UPDATE OR DELETE ON wh_perspective_version_history
+    FOR EACH ROW EXECUTE FUNCTION wh_perspective_version_history_append_only();
+
 -- Claims skip a version whose backfill is not done (its new events wait behind its history).
 CREATE OR REPLACE FUNCTION wh_claimable_perspectives(p_names text[])
  RETURNS text[]

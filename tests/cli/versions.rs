@@ -285,6 +285,11 @@ async fn a_new_version_is_built_beside_the_live_one_and_readers_never_see_an_err
             "Retired"
         ]
     );
+    let rewrite = sqlx::query("UPDATE wh_perspective_version_history SET actor = 'someone else'")
+        .execute(env.store.pool())
+        .await
+        .unwrap_err();
+    assert!(rewrite.to_string().contains("append-only"), "{rewrite}");
     new.shutdown().await.unwrap();
 }
 

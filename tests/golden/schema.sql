@@ -2077,6 +2077,19 @@ AS $function$
 $function$
 ;
 
+-- function wh_perspective_version_history_append_only()
+CREATE OR REPLACE FUNCTION vantage.wh_perspective_version_history_append_only()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+BEGIN
+    RAISE EXCEPTION 'wh_perspective_version_history is append-only (% refused)', TG_OP
+        USING ERRCODE = '55000';
+END
+$function$
+;
+
 -- function wh_primary_key(regclass)
 CREATE OR REPLACE FUNCTION vantage.wh_primary_key(p_table regclass)
  RETURNS text[]
@@ -2326,3 +2339,6 @@ CREATE TRIGGER wh_perspective_lanes_after_instance_gone AFTER DELETE ON vantage.
 
 -- trigger wh_perspective_lanes_after_release
 CREATE TRIGGER wh_perspective_lanes_after_release AFTER UPDATE ON vantage.wh_perspective_events FOR EACH ROW WHEN ((((new.instance_id IS NULL) AND ((old.instance_id IS NOT NULL) OR (new.scheduled_for < old.scheduled_for))) OR (new.lease_expiry < old.lease_expiry))) EXECUTE FUNCTION wh_perspective_lanes_after_release();
+
+-- trigger wh_perspective_version_history_append_only
+CREATE TRIGGER wh_perspective_version_history_append_only BEFORE DELETE OR UPDATE ON vantage.wh_perspective_version_history FOR EACH ROW EXECUTE FUNCTION wh_perspective_version_history_append_only();
