@@ -123,6 +123,20 @@ pub struct VersionStatus {
     pub version_schema: String,
 }
 
+impl VersionStatus {
+    /// Its backfill in a few words, as the CLI and the console show it: `at position P of T`,
+    /// `not started`, or `done (N applied)`.
+    pub(crate) fn backfill_summary(&self) -> String {
+        match (self.state.as_str(), self.backfill_target) {
+            ("building", Some(target)) => {
+                format!("at position {} of {target}", self.backfill_position)
+            }
+            ("building", None) => "not started".to_owned(),
+            _ => format!("done ({} applied)", self.backfill_applied),
+        }
+    }
+}
+
 /// Which transition [`Store::switch_version`] makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Switch {

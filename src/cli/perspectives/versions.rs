@@ -115,11 +115,7 @@ pub(super) async fn versions(ui: &Ui, store: &Store, args: VersionsArgs) -> Resu
     let versions = statuses(store, &args.name).await?;
     let mut t = output::table(&["Version", "State", "Behind", "Backfill", "Schema"]);
     for v in &versions {
-        let backfill = match (v.state.as_str(), v.backfill_target) {
-            ("building", Some(target)) => format!("at {} of {target}", v.backfill_position),
-            ("building", None) => "not started".to_owned(),
-            _ => format!("done ({} applied)", v.backfill_applied),
-        };
+        let backfill = v.backfill_summary();
         t.add_row(vec![
             v.version.to_string(),
             v.state.clone(),

@@ -86,13 +86,7 @@ pub async fn show(
         versions: versions
             .into_iter()
             .map(|v| VersionRow {
-                backfill: match (v.state.as_str(), v.backfill_target) {
-                    ("building", Some(target)) => {
-                        format!("at position {} of {target}", v.backfill_position)
-                    }
-                    ("building", None) => "not started".to_owned(),
-                    _ => format!("done ({} applied)", v.backfill_applied),
-                },
+                backfill: v.backfill_summary(),
                 since: v
                     .live_since
                     .filter(|_| v.state == "live")
