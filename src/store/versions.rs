@@ -76,6 +76,9 @@ pub struct BackfillStep {
     pub backfill_position: Option<i64>,
     /// The event store's end when the backfill began.
     pub backfill_target: Option<i64>,
+    /// Events of the batch that became work rows instead (a diverted batch, or events behind
+    /// an earlier diverted one in their stream): the drain applies them after the backfill.
+    pub diverted: i32,
 }
 
 /// The result of a cutover or rollback (see [`Store::switch_version`]).
@@ -254,20 +257,24 @@ impl Store {
         .map_err(map_db_error)
     }
 
-    /// One backfill batch of at most `max` events (its own transaction).
+    /// One backfill batch of at most `max` events (its own transaction). With `divert`, the
+    /// batch's events are not applied but become work rows of the version, for the drain to
+    /// take once the backfill is done (how a batch that failed to apply moves on).
     pub(crate) async fn backfill_version(
         &self,
         perspective: &str,
         version: i32,
         max: i32,
+        divert: bool,
     ) -> Result<BackfillStep, StoreError> {
         sqlx::query_as(
-            "SELECT outcome, applied, backfill_position, backfill_target \
-             FROM backfill_perspective_version($1, $2, $3)",
+            "SELECT outcome, applied, backfill_position, backfill_target, diverted \
+             FROM backfill_perspective_version($1, $2, $3, $4)",
         )
         .bind(perspective)
         .bind(version)
         .bind(max)
+        .bind(divert)
         .fetch_one(&self.pool)
         .await
         .map_err(map_db_error)

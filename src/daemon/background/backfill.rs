@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::{bounded, BackgroundTask};
-use crate::store::Store;
+use crate::sqlstate::is_conflict;
+use crate::store::{Store, StoreError};
 use crate::telemetry::metrics as m;
 
 /// Backfills the building versions of `perspectives`.
@@ -36,6 +37,8 @@ impl Backfill {
     /// How often the version gauges are set (counting what a version is behind reads its
     /// pending rows, and while it builds the history after its position).
     const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+    /// The longest one batch may take before it is diverted to the drain.
+    const BATCH_LIMIT: Duration = Duration::from_secs(60);
 
     /// Backfills the building versions of these perspectives, `batch` events per transaction.
     pub fn new(store: Store, perspectives: Vec<String>, batch: i32) -> Backfill {
@@ -69,11 +72,33 @@ impl BackgroundTask for Backfill {
             let mut applied = 0i64;
             let mut last = None;
             while started.elapsed() < Self::ROUND {
-                let step = bounded(
-                    Duration::from_secs(60),
-                    self.store.backfill_version(&name, version, self.batch),
+                let step = match bounded(
+                    Self::BATCH_LIMIT,
+                    self.store
+                        .backfill_version(&name, version, self.batch, false),
                 )
-                .await;
+                .await
+                {
+                    Err(error) if diverts(&error) => {
+                        // One event's statement fails (or the batch is too slow): retrying the
+                        // same batch would fail for ever, so its events go to the drain, which
+                        // retries and dead-letters them one by one as for any perspective.
+                        let step = bounded(
+                            Self::BATCH_LIMIT,
+                            self.store
+                                .backfill_version(&name, version, self.batch, true),
+                        )
+                        .await;
+                        if let Ok(step) = &step {
+                            tracing::warn!(perspective = %name, version, %error,
+                                position = step.backfill_position, diverted = step.diverted,
+                                "backfill of {name} version {version}: a batch could not be applied ({error}); its {} event(s) go through the drain instead, where failures are retried and dead-lettered as usual",
+                                step.diverted);
+                        }
+                        step
+                    }
+                    other => other,
+                };
                 match step {
                     Ok(step) => {
                         applied += i64::from(step.applied);
@@ -119,6 +144,16 @@ impl BackgroundTask for Backfill {
         }
         self.sample().await;
         json!({"versions": report})
+    }
+}
+
+/// Whether a failed batch is diverted to the drain: not when the database is away or the
+/// transaction lost a conflict (the same batch is retried later), for anything else yes.
+fn diverts(error: &StoreError) -> bool {
+    match error {
+        StoreError::Conflict(_) => false,
+        StoreError::Database(e) => !crate::sqlstate::is_connection_error(e) && !is_conflict(e),
+        other => !other.is_connection_error(),
     }
 }
 
