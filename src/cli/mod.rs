@@ -144,4 +144,22 @@ mod tests {
     fn every_command_line_is_well_formed() {
         super::Cli::command().debug_assert();
     }
+
+    /// `bench --help` lists every check (it is written by hand, and once missed one).
+    #[test]
+    fn bench_help_names_every_check() {
+        let mut cli = super::Cli::command();
+        let bench = cli.find_subcommand_mut("bench").expect("a bench command");
+        let help = bench
+            .render_long_help()
+            .to_string()
+            .replace(char::is_whitespace, "");
+        for check in crate::bench::Check::ALL {
+            assert!(
+                help.contains(check.name()),
+                "bench --help misses {}",
+                check.name()
+            );
+        }
+    }
 }
