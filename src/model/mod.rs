@@ -13,6 +13,7 @@
 //! that makes progress is enabled). [`Bug`] re-introduces, one at a time, bugs that queues like
 //! ours really had, and the tests show the checker finds each of them.
 
+pub mod backfill;
 #[cfg(test)]
 mod tests;
 
