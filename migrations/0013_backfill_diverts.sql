@@ -1,4 +1,5 @@
--- vantage 0013: a poison event in a new version's history never wedges its backfill.
+-- vantage 0013: a poison event in a new version's history never wedges its backfill, and what
+-- a building version is behind is known without reading the history.
 --
 -- 0012 applied a backfill batch in one statement; if one event's statement failed, the batch
 -- failed, and so did every retry: the version stayed 'building' forever, behind one event. Now
@@ -119,4 +120,25 @@ BEGIN
     WHERE x.perspective_name = p_perspective_name AND x.version = p_version;
     RETURN QUERY SELECT 'applied'::text, v_n, v_last, v.backfill_target, v_moved;
 END
+$$;
+
+-- What a version is behind, read by every metrics sample and console refresh: it must not
+-- scan the history (0012 counted the events after the backfill position, a read of the whole
+-- event store at the start of a backfill, which held a snapshot for seconds on a big store).
+-- Its queued work rows, plus, while it builds, the history positions it has yet to look at
+-- (up to the event store's end when its backfill began): an upper bound, as positions of other
+-- types count too, exact once it is done.
+CREATE OR REPLACE FUNCTION wh_version_behind(p_perspective_name text, p_version integer)
+ RETURNS bigint
+ LANGUAGE sql
+ STABLE
+AS $$
+    SELECT (SELECT count(*) FROM wh_perspective_events w WHERE w.perspective_name = v.registry_name)
+         + CASE WHEN v.state = 'building' THEN
+               greatest(coalesce(v.backfill_target,
+                                 (SELECT max(e.global_position) FROM wh_event_store e), 0)
+                        - v.backfill_position, 0)
+           ELSE 0 END
+    FROM wh_perspective_versions v
+    WHERE v.perspective_name = p_perspective_name AND v.version = p_version;
 $$;

@@ -588,3 +588,41 @@ async fn events_behind_a_diverted_one_in_their_stream_are_diverted_too_so_stream
     assert_eq!(env.scalar("SELECT count(*) FROM orders_v1.orders").await, 1);
     assert_eq!(step(2, false).await, ("live".to_owned(), 0, 0));
 }
+
+/// What a building version is behind is read at every metrics sample and console refresh: it
+/// must not scan the history (a long read of a big event store pins the vacuum horizon, and the
+/// console's statement timeout would cut it).
+#[tokio::test]
+async fn what_a_building_version_is_behind_is_known_without_reading_the_history() {
+    let env = Env::migrated().await;
+    sqlx::query(
+        "INSERT INTO wh_event_store (stream_id, stream_version, event_type, event_data) \
+         SELECT gen_random_uuid(), 1, 'Placed', '{\"total\": 1}' FROM generate_series(1, 2000)",
+    )
+    .execute(env.store.pool())
+    .await
+    .unwrap();
+    sqlx::query(
+        "SELECT register_perspective_version('orders', 1, 'rm', ARRAY['orders'], \
+         ARRAY['Placed'], $1, 'CREATE TABLE orders (order_id uuid PRIMARY KEY)')",
+    )
+    .bind(serde_json::json!({"Placed": "INSERT INTO orders (order_id) VALUES ($2)"}))
+    .execute(env.store.pool())
+    .await
+    .unwrap();
+    let mut tx = env.store.pool().begin().await.unwrap();
+    let behind: i64 = sqlx::query_scalar("SELECT wh_version_behind('orders', 1)")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let read: i64 = sqlx::query_scalar(
+        "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) \
+         FROM pg_stat_xact_user_tables WHERE relname = 'wh_event_store'",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(behind, 2000);
+    assert!(read <= 10, "it read {read} rows of the event store");
+}

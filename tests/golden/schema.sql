@@ -2313,12 +2313,9 @@ CREATE OR REPLACE FUNCTION vantage.wh_version_behind(p_perspective_name text, p_
 AS $function$
     SELECT (SELECT count(*) FROM wh_perspective_events w WHERE w.perspective_name = v.registry_name)
          + CASE WHEN v.state = 'building' THEN
-               (SELECT count(*) FROM wh_event_store e
-                WHERE e.global_position > v.backfill_position
-                  AND (e.event_type = ANY (v.event_types) OR '*' = ANY (v.event_types))
-                  AND NOT EXISTS (SELECT 1 FROM wh_perspective_events w
-                                  WHERE w.perspective_name = v.registry_name
-                                    AND w.event_id = e.event_id))
+               greatest(coalesce(v.backfill_target,
+                                 (SELECT max(e.global_position) FROM wh_event_store e), 0)
+                        - v.backfill_position, 0)
            ELSE 0 END
     FROM wh_perspective_versions v
     WHERE v.perspective_name = p_perspective_name AND v.version = p_version;
