@@ -7,7 +7,7 @@ use super::{exit, GlobalArgs};
 /// `vantage alerts` subcommands.
 #[derive(Debug, Clone, Subcommand)]
 pub enum AlertsCommand {
-    /// Print the Prometheus recording and alerting rules of the [[slo]] entries (or of the
+    /// Print the Prometheus recording and alerting rules of the configured SLOs (or of the
     /// default SLOs when none is configured) as a rule file on stdout.
     Render,
 }

@@ -83,7 +83,7 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// The operator console in a browser: overview, dead letters, detail (docs/cli.md, "The console").
     Console(console::ConsoleArgs),
-    /// Prometheus rules from the [[slo]] configuration (docs/operations.md, "SLOs and alerts").
+    /// Prometheus rules from the configured SLOs (docs/operations.md, "SLOs and alerts").
     #[command(subcommand)]
     Alerts(alerts::AlertsCommand),
 }
