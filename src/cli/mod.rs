@@ -2,6 +2,7 @@
 //!
 //! `main.rs` only parses and calls [`run()`]; every command returns its exit code.
 
+pub(crate) mod alerts;
 pub(crate) mod append;
 pub(crate) mod bench;
 pub(crate) mod config_cmd;
@@ -82,6 +83,9 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// The operator console in a browser: overview, dead letters, detail (docs/cli.md, "The console").
     Console(console::ConsoleArgs),
+    /// Prometheus rules from the configured SLOs (docs/operations.md, "SLOs and alerts").
+    #[command(subcommand)]
+    Alerts(alerts::AlertsCommand),
 }
 
 /// Reports a command line clap could not parse. Under `--json` the error is the usual envelope
@@ -130,6 +134,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Config(cmd) => config_cmd::run(&cli.global, cmd).await,
         Command::Bench(args) => bench::run(&cli.global, args).await,
         Command::Console(args) => console::run(&cli.global, args).await,
+        Command::Alerts(cmd) => alerts::run(&cli.global, cmd).await,
     }
 }
 

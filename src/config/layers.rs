@@ -139,14 +139,15 @@ fn settable() -> [(&'static str, &'static [&'static str]); 7] {
 }
 
 /// Environment variables and overrides may set `section.key` of the scalar sections only;
-/// `[[perspectives]]` come from the file alone (a list of tables has no sane spelling there).
+/// `[[perspectives]]` and `[[slo]]` come from the file alone (a list of tables has no sane
+/// spelling there).
 fn check_settable(key: &str, origin: &str) -> Result<(), ConfigError> {
     let mut parts = key.split('.');
     let (section, name, rest) = (parts.next(), parts.next(), parts.next());
-    if section == Some("perspectives") {
+    if let Some(list @ ("perspectives" | "slo")) = section {
         return Err(ConfigError::Invalid {
             key: key.to_owned(),
-            message: format!("perspectives can only be configured in the file, not from {origin}"),
+            message: format!("{list} can only be configured in the file, not from {origin}"),
         });
     }
     let sections = settable();

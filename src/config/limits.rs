@@ -20,3 +20,8 @@ pub const MAX_CONSUMERS: usize = 256;
 /// Connections beyond one per consumer the daemon needs: the work listener holds one, and the
 /// background loops (heartbeat, lease renewal, sampler) share one.
 pub const MIN_EXTRA_CONNECTIONS: u64 = 2;
+
+/// Shortest `slo[].window`: the longest alert window (the ticket's 3 days) must fit in it.
+pub const MIN_SLO_WINDOW: Duration = Duration::from_secs(3 * 24 * 60 * 60);
+/// Longest `slo[].window`: a year.
+pub const MAX_SLO_WINDOW: Duration = Duration::from_secs(365 * 24 * 60 * 60);

@@ -145,6 +145,9 @@ impl Written {
                 [Step::Key("perspectives")] | [Step::Key("perspectives"), Step::Index(_)] => {
                     "a list of tables ([[perspectives]])".to_owned()
                 }
+                [Step::Key("slo")] | [Step::Key("slo"), Step::Index(_)] => {
+                    "a list of tables ([[slo]])".to_owned()
+                }
                 [Step::Key(_)] | [.., Step::Key("sql")] => "a table".to_owned(),
                 _ => scrub_secrets(&message),
             }

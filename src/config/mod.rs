@@ -13,9 +13,9 @@
 //! layer it came from.
 //!
 //! Environment variables and overrides can set the scalar keys of the sections only;
-//! `[[perspectives]]` come from the file alone (a list of tables has no sane spelling as
-//! environment variables). Unknown keys are errors everywhere, so a typo never silently
-//! falls back to a default. An empty environment variable counts as unset.
+//! `[[perspectives]]` and `[[slo]]` come from the file alone (a list of tables has no sane
+//! spelling as environment variables). Unknown keys are errors everywhere, so a typo never
+//! silently falls back to a default. An empty environment variable counts as unset.
 //!
 //! When no `database.url` is configured at all it stays `None`, and the storage layer builds
 //! its connection from libpq's `PG*` environment variables (`PGHOST`, `PGPORT`, `PGUSER`,
@@ -57,14 +57,18 @@ use std::collections::HashMap;
 
 pub use console::ConsoleSettings;
 pub use error::ConfigError;
-pub use limits::{MAX_CONSUMERS, MAX_DURATION, MAX_SQL_INT, MIN_EXTRA_CONNECTIONS};
+pub use limits::{
+    MAX_CONSUMERS, MAX_DURATION, MAX_SLO_WINDOW, MAX_SQL_INT, MIN_EXTRA_CONNECTIONS, MIN_SLO_WINDOW,
+};
 pub use options::{LoadOptions, DEFAULT_CONFIG_PATH};
 pub use secret::{DatabaseUrl, Secret};
 pub use sections::{
     CooldownSettings, DatabaseSettings, HttpSettings, LogSettings, OrphanSettings,
-    PerspectiveSettings, Settings, WorkerSettings,
+    PerspectiveSettings, Settings, SloKind, SloSettings, WorkerSettings,
 };
-pub use values::{LogFormat, QuarantineAfter};
+pub use values::{LogFormat, Percent, QuarantineAfter};
+
+pub(crate) use values::decimal;
 
 use messages::Written;
 

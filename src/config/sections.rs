@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::console::ConsoleSettings;
 use super::secret::DatabaseUrl;
-use super::values::{self, LogFormat, QuarantineAfter};
+use super::values::{self, LogFormat, Percent, QuarantineAfter};
 
 /// The effective configuration of one vantage process.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -37,6 +37,11 @@ pub struct Settings {
     /// `[[perspectives]]`: SQL perspectives, from the file only.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub perspectives: Vec<PerspectiveSettings>,
+    /// `[[slo]]`: service-level objectives, from the file only; `vantage alerts render` turns
+    /// them into Prometheus rules (docs/operations.md, "SLOs and alerts"). None configured =
+    /// [`SloSettings::defaults`].
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub slo: Vec<SloSettings>,
 }
 
 /// `[database]`
@@ -323,4 +328,144 @@ fn first_version() -> u32 {
 
 fn is_first_version(v: &u32) -> bool {
     *v == 1
+}
+
+/// One `[[slo]]` entry: an objective for one perspective (or `"*"`, each perspective without an
+/// SLO of the same kind of its own), of one of two kinds:
+/// - **lag**: `lag` (append → applied within this; one of
+///   [`APPEND_TO_APPLIED_BUCKETS`](crate::telemetry::metrics::APPEND_TO_APPLIED_BUCKETS)) for
+///   `objective` (default 99.9 %) of the events;
+/// - **dead-letter rate**: at most `dead_letter_rate` of the events that end (applied or
+///   dead-lettered) are dead-lettered; the rate is the error budget, so no `objective`.
+///
+/// Exactly one of `lag` and `dead_letter_rate` is set; both kinds have a `window` (default 30
+/// days) over which the budget is spent.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SloSettings {
+    /// `name`: the `slo` label of its rules (default `lag-30s`, `dead-letters-0.1%`): letters,
+    /// digits, `_`, `-`, `.`, `%`.
+    #[serde(
+        default,
+        deserialize_with = "values::optional_string",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub name: Option<String>,
+    /// `perspective` (default `"*"`): one perspective's name, or `"*"` for each.
+    #[serde(default = "every_perspective", deserialize_with = "values::string")]
+    pub perspective: String,
+    /// `lag`: makes this a lag SLO.
+    #[serde(
+        default,
+        with = "values::optional_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub lag: Option<Duration>,
+    /// `objective` (lag SLOs; default 99.9 %): the share of events applied within `lag`.
+    #[serde(
+        default,
+        with = "values::percent",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub objective: Option<Percent>,
+    /// `dead_letter_rate`: makes this a dead-letter-rate SLO.
+    #[serde(
+        default,
+        with = "values::percent",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub dead_letter_rate: Option<Percent>,
+    /// `window` (default 30 days): the error budget's window.
+    #[serde(default = "thirty_days", with = "values::slo_window")]
+    pub window: Duration,
+}
+
+/// What an [`SloSettings`] promises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SloKind {
+    /// `lag`: events applied within `lag` of their append, for `objective` of them.
+    Lag {
+        /// The threshold.
+        lag: Duration,
+        /// The share of events that must make it.
+        objective: Percent,
+    },
+    /// `dead_letter_rate`: at most this share of the events is dead-lettered.
+    DeadLetterRate(Percent),
+}
+
+/// The default `objective` of a lag SLO.
+pub const DEFAULT_SLO_OBJECTIVE_PPM: u32 = 999_000;
+
+impl SloSettings {
+    /// The SLOs used when none is configured: every perspective applies 99.9 % of its events
+    /// within 30 s, and dead-letters at most 0.1 % of them, over 30 days. The shipped
+    /// `deploy/prometheus/vantage-slo.yaml` is these, rendered.
+    pub fn defaults() -> Vec<SloSettings> {
+        let base = SloSettings {
+            name: None,
+            perspective: every_perspective(),
+            lag: None,
+            objective: None,
+            dead_letter_rate: None,
+            window: thirty_days(),
+        };
+        vec![
+            SloSettings {
+                lag: Some(Duration::from_secs(30)),
+                ..base.clone()
+            },
+            SloSettings {
+                dead_letter_rate: Some(Percent::from_ppm(1_000)),
+                ..base
+            },
+        ]
+    }
+
+    /// Its kind. A validated entry has exactly one of `lag` and `dead_letter_rate`; were both
+    /// set, `lag` wins.
+    pub fn kind(&self) -> SloKind {
+        match (self.lag, self.dead_letter_rate) {
+            (Some(_), _) | (None, None) => SloKind::Lag {
+                lag: self.lag.unwrap_or_default(),
+                objective: self
+                    .objective
+                    .unwrap_or(Percent::from_ppm(DEFAULT_SLO_OBJECTIVE_PPM)),
+            },
+            (None, Some(rate)) => SloKind::DeadLetterRate(rate),
+        }
+    }
+
+    /// The error budget: the share of events allowed to miss (`1 - objective`, or the
+    /// dead-letter rate).
+    pub fn budget(&self) -> Percent {
+        match self.kind() {
+            SloKind::Lag { objective, .. } => objective.complement(),
+            SloKind::DeadLetterRate(rate) => rate,
+        }
+    }
+
+    /// Its `slo` label: `name`, or `lag-30s` / `dead-letters-0.1%`.
+    pub fn name(&self) -> String {
+        if let Some(name) = &self.name {
+            return name.clone();
+        }
+        match self.kind() {
+            SloKind::Lag { lag, .. } => format!("lag-{}", humantime::format_duration(lag)),
+            SloKind::DeadLetterRate(rate) => format!("dead-letters-{rate}"),
+        }
+    }
+
+    /// Whether it covers each perspective (`perspective = "*"`).
+    pub fn is_every_perspective(&self) -> bool {
+        self.perspective == "*"
+    }
+}
+
+fn every_perspective() -> String {
+    "*".to_owned()
+}
+
+fn thirty_days() -> Duration {
+    Duration::from_secs(30 * 24 * 60 * 60)
 }

@@ -749,3 +749,139 @@ fn a_versioned_perspective_needs_read_schema_tables_and_setup_and_plain_names() 
     let odd = versioned(full).replace("name = \"orders\"", "name = \"Orders\"");
     assert!(err(&odd).contains("perspectives[0].name"), "{}", err(&odd));
 }
+
+#[test]
+fn slo_entries_of_both_kinds_with_their_defaults() {
+    // Two lines are enough: the perspective defaults to "*", the objective to 99.9 %, the
+    // window to 30 days.
+    let s = Settings::from_toml_str("[[slo]]\nlag = \"30s\"").unwrap();
+    assert_eq!(s.slo.len(), 1);
+    let slo = &s.slo[0];
+    assert_eq!(slo.perspective, "*");
+    assert_eq!(
+        slo.kind(),
+        SloKind::Lag {
+            lag: Duration::from_secs(30),
+            objective: Percent::from_ppm(999_000)
+        }
+    );
+    assert_eq!(slo.window, Duration::from_secs(30 * 86_400));
+    assert_eq!(slo.name(), "lag-30s");
+    assert_eq!(slo.budget().ratio(), "0.001");
+
+    let s = Settings::from_toml_str(
+        r#"
+        [[slo]]
+        perspective = "order_summary"
+        lag = "250ms"
+        objective = "99.95%"
+        window = "28d"
+        [[slo]]
+        name = "billing-loss"
+        perspective = "billing"
+        dead_letter_rate = "0.01%"
+        "#,
+    )
+    .unwrap();
+    let (a, b) = (&s.slo[0], &s.slo[1]);
+    assert_eq!(a.name(), "lag-250ms");
+    assert_eq!(a.objective.unwrap().to_string(), "99.95%");
+    assert_eq!(a.budget().ratio(), "0.0005");
+    assert_eq!(a.window, Duration::from_secs(28 * 86_400));
+    assert_eq!(b.kind(), SloKind::DeadLetterRate(Percent::from_ppm(100)));
+    assert_eq!(b.name(), "billing-loss");
+    assert_eq!(b.budget().ratio(), "0.0001");
+    // `config check` shows them, and its output parses back to the same.
+    let text = s.redacted_toml();
+    assert!(
+        text.contains("[[slo]]") && text.contains("objective = \"99.95%\""),
+        "{text}"
+    );
+    assert_eq!(Settings::from_toml_str(&text).unwrap().slo, s.slo);
+    // None configured: none shown, and the defaults are what rules are rendered from.
+    assert!(!Settings::default().redacted_toml().contains("slo"));
+    let defaults = SloSettings::defaults();
+    assert_eq!(
+        defaults.iter().map(SloSettings::name).collect::<Vec<_>>(),
+        ["lag-30s", "dead-letters-0.1%"]
+    );
+}
+
+#[test]
+fn bad_slo_entries_name_their_key() {
+    let cases = [
+        // Exactly one kind.
+        ("perspective = \"p\"", "slo[0]: give exactly one of lag"),
+        (
+            "lag = \"30s\"\ndead_letter_rate = \"1%\"",
+            "slo[0]: give exactly one of lag",
+        ),
+        (
+            "dead_letter_rate = \"1%\"\nobjective = \"99%\"",
+            "slo[0].objective: a dead-letter-rate SLO has no objective",
+        ),
+        // The lag must be a bucket of the histogram.
+        (
+            "lag = \"20s\"",
+            "slo[0].lag = \"20s\": expected one of 25ms, 50ms, 100ms, 250ms, 500ms, 1s, 2s 500ms, 5s, 10s, 15s, 30s, 1m, 2m, 5m, 10m, 30m, 1h",
+        ),
+        ("lag = \"soon\"", "slo[0].lag = \"soon\": expected a duration"),
+        // Percentages.
+        ("lag = \"30s\"\nobjective = \"99.9\"", "slo[0].objective = \"99.9\": expected a percentage"),
+        ("lag = \"30s\"\nobjective = 0.999", "slo[0].objective = 0.999: expected a percentage"),
+        ("lag = \"30s\"\nobjective = \"99.99999%\"", "slo[0].objective = \"99.99999%\": expected a percentage"),
+        ("lag = \"30s\"\nobjective = \"101%\"", "slo[0].objective = \"101%\": expected a percentage"),
+        ("lag = \"30s\"\nobjective = \"100%\"", "slo[0].objective = \"100%\": expected below 100% and above 93.0556%"),
+        // A budget no alert could detect (14.4 × 10 % > 100 %).
+        ("lag = \"30s\"\nobjective = \"90%\"", "slo[0].objective = \"90%\": expected below 100% and above 93.0556% over a window of 30d (its fastest alert fires at 14.4x"),
+        ("dead_letter_rate = \"0%\"", "slo[0].dead_letter_rate = \"0%\": expected above 0% and below 6.9444%"),
+        ("dead_letter_rate = \"10%\"", "slo[0].dead_letter_rate = \"10%\": expected above 0% and below 6.9444%"),
+        // Windows.
+        ("lag = \"30s\"\nwindow = \"1d\"", "slo[0].window = \"1d\": expected a duration of whole hours from 3d to 365d"),
+        ("lag = \"30s\"\nwindow = \"400d\"", "slo[0].window = \"400d\": expected a duration of whole hours"),
+        ("lag = \"30s\"\nwindow = \"30d 30m\"", "slo[0].window = \"30d 30m\": expected a duration of whole hours"),
+        // Names and perspectives.
+        ("lag = \"30s\"\nname = \"a b\"", "slo[0].name = \"a b\": expected 1 to 63 letters"),
+        ("lag = \"30s\"\nname = \"{{ $value }}\"", "slo[0].name = \"{{ $value }}\""),
+        ("lag = \"30s\"\nperspective = \"\"", "slo[0].perspective = \"\": expected a perspective's name"),
+        ("lag = \"30s\"\nperspective = \"a\\nb\"", "slo[0].perspective = \"a\\nb\""),
+        ("lag = \"30s\"\nlatency = \"30s\"", "unknown key slo[0].latency"),
+    ];
+    for (body, want) in cases {
+        let e = err(&format!("[[slo]]\n{body}"));
+        assert!(
+            e.starts_with(&format!("invalid configuration: {want}")),
+            "{body:?} gave {e}"
+        );
+    }
+    assert!(err("slo = 3").contains("slo = 3: expected a list of tables ([[slo]])"));
+    // Two SLOs covering one perspective under one name would write the same series.
+    let e = err("[[slo]]\nlag = \"30s\"\n[[slo]]\nlag = \"30s\"\nobjective = \"99%\"");
+    assert!(
+        e.starts_with(
+            "invalid configuration: slo[1].name: slo[1] and slo[0] are both named 'lag-30s'"
+        ),
+        "{e}"
+    );
+    let e = err("[[slo]]\nlag = \"30s\"\nname = \"x\"\n[[slo]]\nperspective = \"p\"\ndead_letter_rate = \"1%\"\nname = \"x\"");
+    assert!(e.contains("slo[1].name"), "{e}");
+    // … but a perspective's own SLO may share the wildcard's name: the wildcard leaves it out.
+    assert!(Settings::from_toml_str(
+        "[[slo]]\nlag = \"30s\"\n[[slo]]\nperspective = \"p\"\nlag = \"30s\"\nobjective = \"99%\""
+    )
+    .is_ok());
+    // From the environment, as perspectives: the file only.
+    let f = file("");
+    let e = Settings::load_with_env(&opts(&f), &env(&[("VANTAGE__SLO__0__LAG", "30s")]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("slo can only be configured in the file"), "{e}");
+    // The file's entries survive other layers.
+    let f = file("[[slo]]\nlag = \"1m\"\n");
+    let s =
+        Settings::load_with_env(&opts(&f), &env(&[("VANTAGE__WORKER__CONSUMERS", "2")])).unwrap();
+    assert_eq!(
+        (s.worker.consumers, s.slo[0].name()),
+        (2, "lag-1m".to_owned())
+    );
+}

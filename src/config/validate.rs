@@ -8,7 +8,8 @@ use std::time::Duration;
 use super::error::ConfigError;
 use super::limits::{MAX_DURATION_TEXT, MIN_EXTRA_CONNECTIONS};
 use super::messages::{quote, Written};
-use super::sections::{PerspectiveSettings, Settings};
+use super::sections::{PerspectiveSettings, Settings, SloKind, SloSettings};
+use super::values::Percent;
 use crate::connection::check_pg_env;
 use crate::statement::Statements;
 
@@ -123,7 +124,136 @@ pub(super) fn settings(
     }
     super::console::validate(&s.console, w)?;
     perspectives(&s.perspectives, w)?;
-    validate_perspective_statements(&s.perspectives)
+    validate_perspective_statements(&s.perspectives)?;
+    slos(&s.slo, w)
+}
+
+/// The `[[slo]]` entries (docs/operations.md, "SLOs and alerts"): exactly one kind each, a lag
+/// the histogram has a bucket for, a budget the alerts can detect, and names that keep the
+/// rules' series apart.
+fn slos(list: &[SloSettings], w: &Written) -> Result<(), ConfigError> {
+    use crate::telemetry::metrics::APPEND_TO_APPLIED_BUCKETS;
+    for (i, slo) in list.iter().enumerate() {
+        let at = |field: &str| format!("slo[{i}].{field}");
+        let p = &slo.perspective;
+        if p.trim().is_empty() || p.chars().any(char::is_control) {
+            return Err(w.invalid(
+                &at("perspective"),
+                quote(p),
+                "a perspective's name (non-empty, no control characters), or \"*\" for each",
+            ));
+        }
+        if let Some(name) = &slo.name {
+            // It is a label value, and alert labels are templates: plain characters only.
+            let plain = !name.is_empty()
+                && name.len() <= 63
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_-.%".contains(c));
+            if !plain {
+                return Err(w.invalid(
+                    &at("name"),
+                    quote(name),
+                    "1 to 63 letters, digits, _, -, . or %",
+                ));
+            }
+        }
+        match (slo.lag, slo.dead_letter_rate) {
+            (Some(_), Some(_)) | (None, None) => {
+                return Err(ConfigError::Invalid {
+                    key: format!("slo[{i}]"),
+                    message: "give exactly one of lag (a lag SLO: lag = \"30s\") and \
+                              dead_letter_rate (a dead-letter-rate SLO: dead_letter_rate = \"0.1%\")"
+                        .to_owned(),
+                })
+            }
+            (None, Some(_)) if slo.objective.is_some() => {
+                return Err(ConfigError::Invalid {
+                    key: at("objective"),
+                    message: "a dead-letter-rate SLO has no objective: its dead_letter_rate is \
+                              the error budget (dead_letter_rate = \"0.1%\" is 99.9% of events \
+                              not dead-lettered)"
+                        .to_owned(),
+                })
+            }
+            _ => {}
+        }
+        let budget_key = match slo.kind() {
+            SloKind::Lag { lag, .. } => {
+                let seconds = lag.as_secs_f64();
+                if !APPEND_TO_APPLIED_BUCKETS.contains(&seconds) {
+                    let bounds: Vec<String> = APPEND_TO_APPLIED_BUCKETS
+                        .iter()
+                        .map(|b| {
+                            humantime::format_duration(Duration::from_secs_f64(*b)).to_string()
+                        })
+                        .collect();
+                    return Err(w.invalid(
+                        &at("lag"),
+                        shown(lag),
+                        format!(
+                            "one of {} (the bounds of the append-to-applied histogram the SLO is \
+                             computed from)",
+                            bounds.join(", ")
+                        ),
+                    ));
+                }
+                "objective"
+            }
+            SloKind::DeadLetterRate(_) => "dead_letter_rate",
+        };
+        let budget = slo.budget();
+        // The fast page fires at the highest burn rate; a budget so large that even every event
+        // failing stays below it could never fire. (0 would make every miss an outage.)
+        let burn = crate::telemetry::slo::fastest_burn(slo.window);
+        let highest = u64::from(Percent::WHOLE) * crate::telemetry::slo::BURN_SCALE / burn;
+        if budget.ppm() == 0 || u64::from(budget.ppm()) >= highest {
+            let value = match slo.kind() {
+                SloKind::Lag { objective, .. } => objective,
+                SloKind::DeadLetterRate(rate) => rate,
+            };
+            let limit = Percent::from_ppm(highest.min(u64::from(Percent::WHOLE)) as u32);
+            let expected = match slo.kind() {
+                SloKind::Lag { .. } => format!(
+                    "below 100% and above {} over a window of {} (its fastest alert fires at {}x \
+                     the budget's burn rate, which a larger budget could never reach)",
+                    limit.complement(),
+                    crate::telemetry::slo::window_text(slo.window),
+                    crate::config::decimal(burn, 4)
+                ),
+                SloKind::DeadLetterRate(_) => format!(
+                    "above 0% and below {limit} over a window of {} (its fastest alert fires at \
+                     {}x the budget's burn rate, which a larger budget could never reach)",
+                    crate::telemetry::slo::window_text(slo.window),
+                    crate::config::decimal(burn, 4)
+                ),
+            };
+            return Err(w.invalid(&at(budget_key), quote(&value.to_string()), expected));
+        }
+    }
+    // The rules' series are told apart by (slo name, perspective): two entries may share a name
+    // only when no perspective is covered by both.
+    for (i, a) in list.iter().enumerate() {
+        for (j, b) in list.iter().enumerate().take(i) {
+            if a.name() != b.name() {
+                continue;
+            }
+            let same_kind = std::mem::discriminant(&a.kind()) == std::mem::discriminant(&b.kind());
+            let overlap = a.perspective == b.perspective
+                || ((a.is_every_perspective() || b.is_every_perspective()) && !same_kind);
+            if overlap {
+                return Err(ConfigError::Invalid {
+                    key: format!("slo[{i}].name"),
+                    message: format!(
+                        "slo[{i}] and slo[{j}] are both named '{}' and cover the same perspective: \
+                         give one a name of its own",
+                        a.name()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 fn perspectives(list: &[PerspectiveSettings], w: &Written) -> Result<(), ConfigError> {

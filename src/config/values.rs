@@ -79,6 +79,75 @@ impl fmt::Display for QuarantineAfter {
     }
 }
 
+/// A share written as a percentage (`"99.9%"`, `"0.1%"`): `[[slo]]` objectives and dead-letter
+/// rates. Kept exactly, in parts per million (so `99.95%` stays 999 500, never a float that
+/// prints as `99.94999`); at most four decimals of a percent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Percent {
+    ppm: u32,
+}
+
+impl Percent {
+    /// One million parts: 100 %.
+    pub const WHOLE: u32 = 1_000_000;
+
+    /// `ppm` parts per million (at most [`Percent::WHOLE`]).
+    pub fn from_ppm(ppm: u32) -> Percent {
+        Percent {
+            ppm: ppm.min(Self::WHOLE),
+        }
+    }
+
+    /// Parts per million.
+    pub fn ppm(self) -> u32 {
+        self.ppm
+    }
+
+    /// The rest to 100 %: the error budget of an objective.
+    pub fn complement(self) -> Percent {
+        Percent::from_ppm(Self::WHOLE - self.ppm)
+    }
+
+    /// As a ratio (`0.001` for 0.1 %), in the shortest exact decimal: what PromQL compares with.
+    pub fn ratio(self) -> String {
+        decimal(u64::from(self.ppm), 6)
+    }
+
+    /// Parses `"99.9%"`: digits, at most one point and four decimals, then `%`; 0 % to 100 %.
+    pub fn parse(s: &str) -> Option<Percent> {
+        let number = s.trim().strip_suffix('%')?.trim_end();
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        let digits = |d: &str| d.chars().all(|c| c.is_ascii_digit());
+        if whole.is_empty() || whole.len() > 3 || !digits(whole) || !digits(fraction) {
+            return None;
+        }
+        if fraction.len() > 4 || (number.contains('.') && fraction.is_empty()) {
+            return None;
+        }
+        let ppm =
+            whole.parse::<u32>().ok()? * 10_000 + format!("{fraction:0<4}").parse::<u32>().ok()?;
+        (ppm <= Self::WHOLE).then_some(Percent { ppm })
+    }
+}
+
+impl fmt::Display for Percent {
+    /// `99.9%`: the shortest exact spelling.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}%", decimal(u64::from(self.ppm), 4))
+    }
+}
+
+/// `value / 10^scale` in the shortest exact decimal (`decimal(1000, 6)` = `0.001`).
+pub(crate) fn decimal(value: u64, scale: u32) -> String {
+    let unit = 10u64.pow(scale);
+    let (whole, fraction) = (value / unit, value % unit);
+    if fraction == 0 {
+        return whole.to_string();
+    }
+    let digits = format!("{fraction:0width$}", width = scale as usize);
+    format!("{whole}.{}", digits.trim_end_matches('0'))
+}
+
 /// Marks an error message as ours: what follows is the "expected" text. Anything else that
 /// serde reports (unknown or missing fields, a table where a list belongs) is told apart by
 /// [`messages`](super::messages) from its path.
@@ -307,6 +376,82 @@ pub(super) mod quarantine_after {
     pub fn serialize<S: Serializer>(v: &Option<QuarantineAfter>, s: S) -> Result<S::Ok, S::Error> {
         match v {
             Some(q) => s.collect_str(q),
+            None => s.serialize_none(),
+        }
+    }
+}
+
+/// `slo[].objective` and `slo[].dead_letter_rate`: a percentage, `"99.9%"` (see [`Percent`]).
+pub(super) mod percent {
+    use super::{expected, Deserialize, Deserializer, Percent, Scalar};
+    use serde::Serializer;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Percent>, D::Error> {
+        match Scalar::deserialize(d)?
+            .into_string()
+            .and_then(|s| Percent::parse(&s))
+        {
+            Some(p) => Ok(Some(p)),
+            None => Err(expected(
+                "a percentage such as \"99.9%\" (a string, at most four decimals, from 0% to 100%)",
+            )),
+        }
+    }
+
+    pub fn serialize<S: Serializer>(v: &Option<Percent>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(p) => s.collect_str(p),
+            None => s.serialize_none(),
+        }
+    }
+}
+
+/// `slo[].window`: the error budget's window, whole hours from [`MIN_SLO_WINDOW`] (the longest
+/// alert window, 3 days) to [`MAX_SLO_WINDOW`] (a year). Longer than any other duration, so it
+/// has its own parser.
+pub(super) mod slo_window {
+    use super::{expected, Deserialize, Deserializer, Duration, Scalar};
+    use crate::config::limits::{MAX_SLO_WINDOW, MIN_SLO_WINDOW};
+    use serde::Serializer;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let parsed = match Scalar::deserialize(d)? {
+            Scalar::Str(s) => humantime::parse_duration(s.trim()).ok(),
+            _ => None,
+        };
+        match parsed {
+            Some(w)
+                if w >= MIN_SLO_WINDOW
+                    && w <= MAX_SLO_WINDOW
+                    && w.as_secs() % 3600 == 0
+                    && w.subsec_nanos() == 0 =>
+            {
+                Ok(w)
+            }
+            _ => Err(expected(
+                "a duration of whole hours from 3d to 365d, such as \"30d\" or \"28d\" (at least \
+                 the 3 days of the longest alert window)",
+            )),
+        }
+    }
+
+    pub fn serialize<S: Serializer>(v: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        humantime_serde::serialize(v, s)
+    }
+}
+
+/// An optional duration (`slo[].lag`), parsed as [`duration`].
+pub(super) mod optional_duration {
+    use super::{Deserializer, Duration};
+    use serde::Serializer;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        super::duration::deserialize(d).map(Some)
+    }
+
+    pub fn serialize<S: Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(d) => humantime_serde::serialize(d, s),
             None => s.serialize_none(),
         }
     }

@@ -226,6 +226,7 @@ mod tests {
             metadata: None,
             attempts,
             failures: 0,
+            queued_for: None,
         }
     }
 

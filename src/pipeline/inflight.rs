@@ -11,6 +11,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
@@ -48,6 +49,17 @@ pub(crate) struct Held {
     pub(crate) failures: i32,
     /// Handed to a handler at least once under this lease (no refund when given back).
     pub(crate) started: bool,
+    /// How long it had been queued when the claim returned it, and when that was on this
+    /// process's clock: its append → applied time at completion (`None`: unknown).
+    pub(crate) queued: Option<(Duration, Instant)>,
+}
+
+impl Held {
+    /// Append → applied, if it completes now.
+    pub(crate) fn lag(&self) -> Option<Duration> {
+        self.queued
+            .map(|(queued_for, claimed)| queued_for + claimed.elapsed())
+    }
 }
 
 /// Lanes reserved by consumer loops and work rows leased to this process.
@@ -93,6 +105,7 @@ impl InFlight {
     /// unless that loop has them in flight.
     pub(crate) fn record(&self, rows: &[WorkRow]) -> Recorded {
         let batch = self.next_batch.fetch_add(1, Ordering::Relaxed);
+        let claimed = Instant::now();
         let mut inner = self.lock();
         let mut lanes: Vec<LaneKey> = Vec::new();
         let mut taken: Vec<LaneKey> = Vec::new();
@@ -143,6 +156,7 @@ impl InFlight {
                     attempts: row.attempts,
                     failures: row.failures,
                     started: false,
+                    queued: row.queued_for.map(|q| (q, claimed)),
                 },
             );
         }
@@ -380,6 +394,7 @@ mod tests {
             metadata: None,
             attempts: 1,
             failures: 0,
+            queued_for: None,
         }
     }
 

@@ -382,7 +382,8 @@ impl<S: WorkStore> LeasedBatch<S> {
     /// The transaction holding `staged` has committed: forget its rows, log and count its
     /// changes, once.
     pub fn committed(&mut self, staged: Staged) {
-        self.inflight.forget(self.batch, &staged.completed);
+        let completed = self.inflight.forget(self.batch, &staged.completed);
+        observe_lags(completed.iter().flatten());
         let mut failed = Vec::new();
         for f in &staged.failed {
             if let Some(h) = self.forget(&f.id) {
@@ -423,6 +424,25 @@ impl<S: WorkStore> LeasedBatch<S> {
         }
         self.release(rows).await?;
         Ok(())
+    }
+}
+
+/// `vantage_append_to_applied_seconds` of rows whose completion just committed: once per row,
+/// one histogram handle per perspective.
+fn observe_lags<'a>(completed: impl Iterator<Item = &'a Held>) {
+    let mut by: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for h in completed {
+        if let Some(lag) = h.lag() {
+            by.entry(h.perspective.as_str())
+                .or_default()
+                .push(lag.as_secs_f64());
+        }
+    }
+    for (p, lags) in by {
+        let histogram = metrics::histogram!(m::APPEND_TO_APPLIED_SECONDS, m::LABEL_PERSPECTIVE => p.to_string());
+        for lag in lags {
+            histogram.record(lag);
+        }
     }
 }
 

@@ -49,10 +49,15 @@ pub struct WorkRow {
     pub attempts: i32,
     /// How many apply failures were recorded for it.
     pub failures: i32,
+    /// How long its work row had been queued when the claim returned it, on the database's
+    /// clock (the start of the append's transaction, or of the requeue or rebuild that queued it
+    /// again): where `vantage_append_to_applied_seconds` starts. `None` when the store does not
+    /// know (the memory store, whose clock is the test's).
+    pub queued_for: Option<std::time::Duration>,
 }
 
 /// The columns of a [`WorkRow`], in the order the claims select them (`work_row_columns!`).
-const WORK_ROW_NAMES: [&str; 11] = [
+const WORK_ROW_NAMES: [&str; 12] = [
     "event_work_id",
     "stream_id",
     "event_id",
@@ -64,13 +69,24 @@ const WORK_ROW_NAMES: [&str; 11] = [
     "metadata",
     "attempts",
     "failures",
+    "queued_for",
 ];
 
-/// The select list of the claims that return [`WorkRow`]s (a macro, for `concat!`).
+/// The select list of the claims that return [`WorkRow`]s, over the claim function's rows `g`
+/// (a macro, for `concat!`).
+///
+/// `queued_for` reads the work row's `created_at` by its key (the claim function does not
+/// return it), one index probe per row in the same round trip. The subquery sees this
+/// statement's snapshot, taken before the function ran: a row committed while the claim ran
+/// (and leased by it) is invisible to it and counts as just queued, which it was, within the
+/// claim's few milliseconds.
 macro_rules! work_row_columns {
     () => {
-        "event_work_id, stream_id, event_id, perspective_name, global_position, \
-         stream_version, event_type, event_data, metadata, attempts, failures"
+        "g.event_work_id, g.stream_id, g.event_id, g.perspective_name, g.global_position, \
+         g.stream_version, g.event_type, g.event_data, g.metadata, g.attempts, g.failures, \
+         coalesce(extract(epoch FROM clock_timestamp() - \
+             (SELECT pe.created_at FROM wh_perspective_events pe \
+              WHERE pe.event_work_id = g.event_work_id)), 0)::float8 AS queued_for"
     };
 }
 
@@ -107,6 +123,9 @@ impl<'r> sqlx::FromRow<'r, PgRow> for WorkRow {
             metadata: get(row, positional, 8)?,
             attempts: get(row, positional, 9)?,
             failures: get(row, positional, 10)?,
+            // Negative only if the database's clock stepped back.
+            queued_for: get::<Option<f64>>(row, positional, 11)?
+                .map(|s| std::time::Duration::from_secs_f64(s.clamp(0.0, 1e9))),
         })
     }
 }
@@ -127,7 +146,7 @@ impl Store {
         sqlx::query_as::<_, WorkRow>(concat!(
             "SELECT ",
             work_row_columns!(),
-            " FROM get_stream_events($1, NULL, $2, $3, $4, $5)"
+            " FROM get_stream_events($1, NULL, $2, $3, $4, $5) g"
         ))
         .bind(instance.0)
         .bind(lease_seconds(lease))
@@ -175,7 +194,7 @@ impl Store {
         sqlx::query_as::<_, WorkRow>(concat!(
             "SELECT ",
             work_row_columns!(),
-            " FROM get_stream_events($1, $2, $3, $4, $5)"
+            " FROM get_stream_events($1, $2, $3, $4, $5) g"
         ))
         .bind(instance.0)
         .bind(streams)

@@ -57,7 +57,8 @@ static INSTALLED: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
 /// Installs the global Prometheus recorder (first call) and returns its handle; later calls
 /// return the same handle. On first installation it also registers help text and units for
 /// every metric (`metrics::describe_all`), gives the latency histograms explicit buckets
-/// ([`LATENCY_BUCKETS`]; rendered as real Prometheus histograms, `_bucket`/`_sum`/`_count`),
+/// ([`LATENCY_BUCKETS`], and [`APPEND_TO_APPLIED_BUCKETS`](names::APPEND_TO_APPLIED_BUCKETS)
+/// for append → applied; rendered as real Prometheus histograms, `_bucket`/`_sum`/`_count`),
 /// and sets `vantage_build_info{version="<crate version>"}` to 1.
 ///
 /// # Errors
@@ -83,6 +84,12 @@ fn install_once() -> Result<PrometheusHandle, String> {
             b.set_buckets_for_metric(
                 Matcher::Full(names::CLAIM_DURATION_SECONDS.to_owned()),
                 LATENCY_BUCKETS,
+            )
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(names::APPEND_TO_APPLIED_SECONDS.to_owned()),
+                names::APPEND_TO_APPLIED_BUCKETS,
             )
         })
         .and_then(PrometheusBuilder::install_recorder)
@@ -143,5 +150,32 @@ mod tests {
             names::CLAIM_DURATION_SECONDS
         )));
         assert!(text.contains(&format!("# HELP {} ", names::CLAIM_DURATION_SECONDS)));
+    }
+
+    #[test]
+    fn append_to_applied_has_the_slo_buckets_and_shows_before_its_first_event() {
+        install().expect("install");
+        names::register_zeroes(&["recorder_test_zero".to_owned()]);
+        metrics::histogram!(names::APPEND_TO_APPLIED_SECONDS, names::LABEL_PERSPECTIVE => "recorder_test_late")
+            .record(42.0);
+        let text = render();
+        // Registered, never recorded: every bucket at 0.
+        assert!(
+            text.contains(&format!(
+                "{}_count{{perspective=\"recorder_test_zero\"}} 0",
+                names::APPEND_TO_APPLIED_SECONDS
+            )),
+            "{text}"
+        );
+        // The SLO thresholds are rendered as written in the rules (`le="30"`, not `30.0`).
+        for (le, n) in [("30", 0), ("60", 1), ("3600", 1), ("+Inf", 1)] {
+            assert!(
+                text.contains(&format!(
+                    "{}_bucket{{perspective=\"recorder_test_late\",le=\"{le}\"}} {n}",
+                    names::APPEND_TO_APPLIED_SECONDS
+                )),
+                "le={le}: {text}"
+            );
+        }
     }
 }

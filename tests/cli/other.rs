@@ -551,3 +551,65 @@ fn usage_errors_under_json_are_an_envelope() {
     assert!(out.stdout.is_empty());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not-a-position"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// alerts render
+
+/// Three lines of configuration become recording rules and burn-rate alerts for one
+/// perspective; the file is valid YAML with every SLO's group. Bad SLOs exit 78 naming the key.
+#[tokio::test]
+async fn alerts_render_turns_two_lines_into_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vantage.toml");
+    std::fs::write(&path, "[[slo]]\nperspective = \"orders\"\nlag = \"5s\"\n").unwrap();
+    let mut cmd = base_command();
+    cmd.arg("--config").arg(&path).args(["alerts", "render"]);
+    let run = finish(cmd).await;
+    assert_eq!((run.code, run.stderr.as_str()), (0, ""), "{run:#?}");
+    let rules: serde_json::Value = serde_yaml_ng::from_str(&run.stdout).expect("YAML");
+    let groups = rules["groups"].as_array().expect("groups");
+    assert_eq!(groups.len(), 1, "{}", run.stdout);
+    assert_eq!(groups[0]["name"], "vantage-slo/orders/lag-5s");
+    let rules = groups[0]["rules"].as_array().unwrap();
+    let records: Vec<&str> = rules.iter().filter_map(|r| r["record"].as_str()).collect();
+    assert_eq!(
+        records,
+        ["5m", "30m", "1h", "6h", "3d"].map(|w| format!("vantage:slo_error_ratio:rate{w}"))
+    );
+    let alerts: Vec<(&str, &str)> = rules
+        .iter()
+        .filter_map(|r| Some((r["alert"].as_str()?, r["labels"]["severity"].as_str()?)))
+        .collect();
+    assert_eq!(
+        alerts,
+        [
+            ("VantageLagSLOFastBurn", "critical"),
+            ("VantageLagSLOSlowBurn", "critical"),
+            ("VantageLagSLOSteadyBurn", "warning"),
+        ]
+    );
+    assert!(
+        run.stdout.contains(
+            "vantage:slo_error_ratio:rate1h{slo=\"lag-5s\",perspective=\"orders\"} > (14.4 * 0.001)"
+        ),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains(
+        "vantage_append_to_applied_seconds_bucket{perspective=\"orders\",le=~\"5|5\\\\.0\"}[5m]"
+    ));
+    // The same input, the same output.
+    let mut again = base_command();
+    again.arg("--config").arg(&path).args(["alerts", "render"]);
+    assert_eq!(finish(again).await.stdout, run.stdout);
+
+    std::fs::write(&path, "[[slo]]\nperspective = \"orders\"\nlag = \"7s\"\n").unwrap();
+    let mut cmd = base_command();
+    cmd.arg("--config").arg(&path).args(["alerts", "render"]);
+    let run = finish(cmd).await;
+    assert_eq!((run.code, run.stdout.as_str()), (78, ""), "{run:#?}");
+    assert!(
+        run.stderr.contains("slo[0].lag = \"7s\"") && run.stderr.contains("one of 25ms"),
+        "{run:#?}"
+    );
+}

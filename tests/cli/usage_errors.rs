@@ -37,6 +37,8 @@ const LINES: &[&str] = &[
     "dlq requeue 5 --all --json",
     "config",
     "config check extra",
+    "alerts",
+    "alerts render extra",
 ];
 
 #[tokio::test]

@@ -76,6 +76,9 @@ fn emit_every_metric() {
                 metrics::histogram!(name, m::LABEL_PERSPECTIVE => P).record(0.004);
             }
             m::CLAIM_DURATION_SECONDS => metrics::histogram!(name).record(0.002),
+            m::APPEND_TO_APPLIED_SECONDS => {
+                metrics::histogram!(name, m::LABEL_PERSPECTIVE => P).record(0.04);
+            }
             m::BACKLOG_EVENTS
             | m::DEAD_LETTERS
             | m::OLDEST_PENDING_AGE_SECONDS
@@ -192,7 +195,11 @@ async fn dashboard_and_alerts_use_only_metrics_the_daemon_exports() {
             "{name} has no description (metrics::describe_all)"
         );
     }
-    for name in [m::APPLY_DURATION_SECONDS, m::CLAIM_DURATION_SECONDS] {
+    for name in [
+        m::APPLY_DURATION_SECONDS,
+        m::CLAIM_DURATION_SECONDS,
+        m::APPEND_TO_APPLIED_SECONDS,
+    ] {
         assert!(
             scrape.contains(&format!("# TYPE {name} histogram")),
             "{name} must be a Prometheus histogram (explicit buckets), not a summary"
@@ -203,12 +210,22 @@ async fn dashboard_and_alerts_use_only_metrics_the_daemon_exports() {
         serde_json::from_str(&deploy::read_deploy("grafana/vantage-dashboard.json"))
             .expect("dashboard JSON");
     let alerts = deploy::prometheus_exprs(&deploy::yaml_deploy("prometheus/vantage-alerts.yaml"));
+    let slo = deploy::prometheus_exprs(&deploy::yaml_deploy("prometheus/vantage-slo.yaml"));
+    let slo_text = slo.join("\n");
+    for needed in [
+        m::APPEND_TO_APPLIED_SECONDS,
+        m::DEAD_LETTER_MOVES_TOTAL,
+        m::EVENTS_APPLIED_TOTAL,
+    ] {
+        assert!(slo_text.contains(needed), "no SLO rule uses {needed}");
+    }
     let sources = [
         (
             "grafana/vantage-dashboard.json",
             dashboard_exprs(&dashboard),
         ),
         ("prometheus/vantage-alerts.yaml", alerts.clone()),
+        ("prometheus/vantage-slo.yaml", slo),
     ];
     let mut used = BTreeSet::new();
     for (file, exprs) in &sources {

@@ -7,8 +7,10 @@
 //! `deploy/prometheus/vantage-alerts.yaml` whose `for:` durations are shortened (expressions,
 //! thresholds and labels stay as shipped). The test then makes the daemon dead-letter poison
 //! events, lets a backlog grow and age, breaks dead-letter moves of one perspective, and
-//! watches the alerts fire through Prometheus's HTTP API; it runs every dashboard query against
-//! the same Prometheus; finally it stops the daemon and watches "no live instance" fire.
+//! watches the alerts fire through Prometheus's HTTP API (the default SLOs' fast burns too:
+//! events applied 40 minutes after their append, poison events dead-lettered); it runs every
+//! dashboard query and every SLO rule against the same Prometheus; finally it stops the daemon
+//! and watches "no live instance" fire.
 //!
 //! Prometheus and the daemon are killed by guards, so a failing assertion leaves nothing
 //! running.
@@ -210,12 +212,17 @@ fn rules_with_short_for() -> String {
 
 /// `deploy/prometheus/prometheus.example.yaml` with 1 s intervals, the test's rule file and
 /// the daemon as its only target.
-fn prometheus_config(rules: &Path, target: SocketAddr) -> String {
+fn prometheus_config(rules: &[&Path], target: SocketAddr) -> String {
     let mut config = deploy::yaml_deploy("prometheus/prometheus.example.yaml");
     let global = config.get_mut("global").expect("global");
     global["scrape_interval"] = Yaml::String("1s".into());
     global["evaluation_interval"] = Yaml::String("1s".into());
-    config["rule_files"] = Yaml::Sequence(vec![Yaml::String(rules.display().to_string())]);
+    config["rule_files"] = Yaml::Sequence(
+        rules
+            .iter()
+            .map(|r| Yaml::String(r.display().to_string()))
+            .collect(),
+    );
     let jobs = config
         .get_mut("scrape_configs")
         .and_then(Yaml::as_sequence_mut)
@@ -319,17 +326,34 @@ async fn shipped_alerts_fire_and_dashboard_queries_return_data_from_a_real_prome
         .await
         .unwrap();
     append(&store, "OrderPlaced", json!({"n": 1}), 5).await;
+    // It stays alive (heartbeating) until Prometheus scrapes the daemon, and its events were
+    // queued 40 minutes ago: once it dies, the daemon applies them 40 minutes late, which the
+    // lag SLO's fast burn sees (after Prometheus saw the histogram at 0).
     let crashed = Uuid::new_v4();
     process::exec(
         &store,
         &format!(
             "SELECT heartbeat('{crashed}', 'vantage', 'crashed-host', 1, '0'); \
-             SELECT count(*) FROM claim_orphaned_perspective_events('{crashed}', 60, 100, 1000); \
-             UPDATE wh_service_instances SET last_heartbeat_at = now() - interval '1 hour' \
+             SELECT count(*) FROM claim_orphaned_perspective_events('{crashed}', 600, 100, 1000); \
+             UPDATE wh_perspective_events SET created_at = now() - interval '40 minutes' \
              WHERE instance_id = '{crashed}'"
         ),
     )
     .await;
+    let alive = tokio_util::sync::CancellationToken::new();
+    let heartbeats = tokio::spawn({
+        let (store, alive) = (store.clone(), alive.clone());
+        async move {
+            while !alive.is_cancelled() {
+                process::exec(
+                    &store,
+                    &format!("SELECT heartbeat('{crashed}', 'vantage', 'crashed-host', 1, '0')"),
+                )
+                .await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    });
     assert_eq!(
         process::scalar(
             &store,
@@ -379,8 +403,19 @@ level = "info"
     // Prometheus, scraping it.
     let rules = dir.path().join("vantage-alerts.yaml");
     std::fs::write(&rules, rules_with_short_for()).unwrap();
+    // The SLO rules as shipped (they have no `for:`).
+    let slo_rules = dir.path().join("vantage-slo.yaml");
+    std::fs::write(
+        &slo_rules,
+        deploy::read_deploy("prometheus/vantage-slo.yaml"),
+    )
+    .unwrap();
     let prom_config = dir.path().join("prometheus.yaml");
-    std::fs::write(&prom_config, prometheus_config(&rules, daemon_addr)).unwrap();
+    std::fs::write(
+        &prom_config,
+        prometheus_config(&[&rules, &slo_rules], daemon_addr),
+    )
+    .unwrap();
     let check = deploy::run_with_limit(
         Command::new(deploy::tool("promtool", "prometheus"))
             .arg("check")
@@ -430,6 +465,17 @@ level = "info"
         "VantageNoLiveInstance is active while the daemon runs and is scraped: {quiet:?}\n{}",
         context()
     );
+    // The crashed instance dies now: the daemon takes its leases over.
+    alive.cancel();
+    heartbeats.await.expect("heartbeat task");
+    process::exec(
+        &store,
+        &format!(
+            "UPDATE wh_service_instances SET last_heartbeat_at = now() - interval '1 hour' \
+             WHERE instance_id = '{crashed}'"
+        ),
+    )
+    .await;
 
     // Wave 1: work that drains, one poison event, events nobody drains (aged 40 minutes),
     // and `fragile` events whose dead-letter moves fail.
@@ -463,6 +509,9 @@ level = "info"
         ("VantageBacklogAgeHigh", "reporting"),
         ("VantageBacklogAgeCritical", "reporting"),
         ("VantageDeadLetterMoveErrors", ""),
+        // The default SLOs: 5 of orders' ~26 events applied 40 minutes late, 2 dead-lettered.
+        ("VantageLagSLOFastBurn", "orders"),
+        ("VantageDeadLetterSLOFastBurn", "orders"),
     ];
     eventually("wave 1 alerts fire", ALERT_LIMIT, &context, || {
         firing(&prom.alerts(), &wave1)
@@ -498,6 +547,9 @@ level = "info"
 
     // Every dashboard query returns data from this Prometheus.
     check_dashboard(&prom, &context);
+    // Every SLO rule's expression evaluates against the daemon's series, and every recording
+    // rule has a value for a perspective that drains.
+    check_slo_rules(&prom);
 
     // The daemon stops: "no live instance" fires.
     daemon.signal(Signal::SIGTERM);
@@ -518,6 +570,36 @@ level = "info"
         "deploy_prometheus scenario took {:?}",
         test_started.elapsed()
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The SLO rules
+
+fn check_slo_rules(prom: &Prometheus) {
+    let rules = deploy::yaml_deploy("prometheus/vantage-slo.yaml");
+    let mut records = BTreeSet::new();
+    for rule in deploy::prometheus_rules(&rules) {
+        let expr = deploy::str_at(rule, "vantage-slo.yaml", &["expr"]);
+        // Evaluates (Prometheus.query fails the test on an error).
+        let result = prom.query(expr);
+        if let Some(record) = rule.get("record").and_then(Yaml::as_str) {
+            let slo = deploy::str_at(rule, "vantage-slo.yaml", &["labels", "slo"]);
+            assert!(
+                result
+                    .iter()
+                    .any(|s| s["metric"]["perspective"] == "orders"),
+                "{record} (slo {slo}) has no value for orders: {expr}\n{result:?}"
+            );
+            records.insert(format!("{record}{{slo=\"{slo}\",perspective=\"orders\"}}"));
+        }
+    }
+    assert!(records.len() >= 10, "{records:?}");
+    for series in &records {
+        assert!(
+            !prom.query(series).is_empty(),
+            "Prometheus recorded no {series}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -35,14 +35,21 @@ fn systemd_analyze() -> Command {
 
 #[test]
 fn promtool_accepts_the_alert_rules() {
-    let rules = deploy::deploy_path("prometheus/vantage-alerts.yaml");
+    for file in ["vantage-alerts.yaml", "vantage-slo.yaml"] {
+        promtool_accepts(file);
+    }
+}
+
+fn promtool_accepts(file: &str) {
+    let rel = format!("prometheus/{file}");
+    let rules = deploy::deploy_path(&rel);
     let out = run_with_limit(promtool().arg("check").arg("rules").arg(&rules), TOOL_LIMIT);
     assert!(
         out.status.success(),
         "promtool check rules: {}",
         output_text(&out)
     );
-    let parsed = deploy::yaml_deploy("prometheus/vantage-alerts.yaml");
+    let parsed = deploy::yaml_deploy(&rel);
     let count = deploy::prometheus_rules(&parsed).len();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -72,19 +79,31 @@ fn promtool_accepts_the_example_scrape_config_and_its_rule_file() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     // The rule file it names is found (relative to the config file) and checked too.
-    assert!(
-        stdout.contains("vantage-alerts.yaml") && stdout.contains("rules found"),
-        "promtool check config should load vantage-alerts.yaml: {}",
-        output_text(&out)
-    );
+    for file in ["vantage-alerts.yaml", "vantage-slo.yaml"] {
+        assert!(
+            stdout.contains(file) && stdout.contains("rules found"),
+            "promtool check config should load {file}: {}",
+            output_text(&out)
+        );
+    }
 }
 
 #[test]
 fn promtool_unit_tests_of_the_alerts_pass_with_the_shipped_durations() {
     // deploy/prometheus/vantage-alerts.test.yaml: synthetic series over hours, against the
     // shipped `for:` durations and thresholds (the live test in prometheus.rs shortens
-    // `for:`; this one does not).
-    let tests = deploy::deploy_path("prometheus/vantage-alerts.test.yaml");
+    // `for:`; this one does not). vantage-slo.test.yaml: each SLO alert fires under a burn,
+    // resolves after it, and stays quiet below its burn rate.
+    for (tests, rules) in [
+        ("vantage-alerts.test.yaml", "vantage-alerts.yaml"),
+        ("vantage-slo.test.yaml", "vantage-slo.yaml"),
+    ] {
+        promtool_unit_tests_pass(tests, rules);
+    }
+}
+
+fn promtool_unit_tests_pass(tests_file: &str, rules_file: &str) {
+    let tests = deploy::deploy_path(&format!("prometheus/{tests_file}"));
     let out = run_with_limit(
         promtool()
             .arg("test")
@@ -98,7 +117,7 @@ fn promtool_unit_tests_of_the_alerts_pass_with_the_shipped_durations() {
         "promtool test rules: {}",
         output_text(&out)
     );
-    let parsed = deploy::yaml_deploy("prometheus/vantage-alerts.test.yaml");
+    let parsed = deploy::yaml_deploy(&format!("prometheus/{tests_file}"));
     let tested: std::collections::BTreeSet<&str> =
         deploy::seq_at(&parsed, "alerts test", &["tests"])
             .iter()
@@ -106,14 +125,50 @@ fn promtool_unit_tests_of_the_alerts_pass_with_the_shipped_durations() {
             .flatten()
             .filter_map(|a| a.get("alertname").and_then(|n| n.as_str()))
             .collect();
-    let rules = deploy::yaml_deploy("prometheus/vantage-alerts.yaml");
+    let rules = deploy::yaml_deploy(&format!("prometheus/{rules_file}"));
+    let mut alerts = 0;
     for rule in deploy::prometheus_rules(&rules) {
-        let name = deploy::str_at(rule, "vantage-alerts.yaml", &["alert"]);
+        let Some(name) = rule.get("alert").and_then(|a| a.as_str()) else {
+            continue; // a recording rule: the alerts test what it records
+        };
+        alerts += 1;
         assert!(
             tested.contains(name),
-            "vantage-alerts.test.yaml has no alert_rule_test for {name}"
+            "{tests_file} has no alert_rule_test for {name}"
         );
     }
+    assert!(alerts > 0, "{rules_file} has no alert");
+}
+
+/// The shipped SLO rules are `vantage alerts render` of the default SLOs (no `[[slo]]`), byte
+/// for byte, so they never drift from the code. `UPDATE_GOLDEN=1` rewrites the file.
+#[test]
+fn the_shipped_slo_rules_are_the_rendered_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_with_limit(
+        Command::new(crate::support::process::BIN)
+            .args(["alerts", "render"])
+            .current_dir(dir.path())
+            .env_clear(),
+        TOOL_LIMIT,
+    );
+    assert!(
+        out.status.success(),
+        "vantage alerts render: {}",
+        output_text(&out)
+    );
+    assert!(out.stderr.is_empty(), "{}", output_text(&out));
+    let rendered = String::from_utf8(out.stdout).expect("UTF-8");
+    let path = deploy::deploy_path("prometheus/vantage-slo.yaml");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &rendered).unwrap();
+    }
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        rendered,
+        "deploy/prometheus/vantage-slo.yaml is not what `vantage alerts render` prints for the \
+         default SLOs; rerun with UPDATE_GOLDEN=1 (and the promtool tests) after changing them"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

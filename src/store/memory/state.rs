@@ -227,6 +227,7 @@ impl State {
                 metadata: Some(event.metadata.clone()),
                 attempts: row.attempts,
                 failures: row.failures,
+                queued_for: None,
             });
         }
         out.sort_by(|a, b| {
