@@ -202,11 +202,21 @@ pub(super) async fn run(bench: &Bench) -> Result<CheckOutcome, BenchError> {
         }
         times.push(took.as_secs_f64() * 1000.0);
     }
+    // Which switch was slowest tells a lock wait at the first one (catalog, autovacuum of the
+    // freshly backfilled tables) from noise spread over all of them.
+    let (slowest, slowest_ms) = times
+        .iter()
+        .copied()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap_or((0, 0.0));
     times.sort_by(f64::total_cmp);
     let p50 = times[times.len() / 2];
     let p99 = times[((times.len() as f64 * 0.99).ceil() as usize).min(times.len()) - 1];
     out.details.push(format!(
-        "{} cutovers and rollbacks: p50 {p50:.1} ms, p99 {p99:.1} ms",
+        "{} cutovers and rollbacks: p50 {p50:.1} ms, p99 {p99:.1} ms (slowest: switch {} of {}, {slowest_ms:.1} ms)",
+        times.len(),
+        slowest + 1,
         times.len()
     ));
     out.ratio(
