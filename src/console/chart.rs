@@ -186,7 +186,7 @@ fn line(svg: &mut String, plot: &Plot, values: &[Option<f64>]) {
     for (i, v) in values.iter().enumerate() {
         let Some(v) = v else { continue };
         let continues = i > 0 && values[i - 1].is_some();
-        let ends = values.get(i + 1).is_none_or(Option::is_none);
+        let ends = !matches!(values.get(i + 1), Some(Some(_)));
         let (x, y) = (plot.x(i), plot.y(*v));
         let _ = write!(d, "{}{x:.1} {y:.1}", if continues { " L" } else { " M" });
         if !continues && ends {

@@ -164,7 +164,13 @@ async fn overview_shows_each_perspective_its_dead_letters_and_the_instances() {
     let console = open_console(&env);
     let body = ok(get(&console, "/").await);
     for name in ["order_summary", "audit", "legacy"] {
-        assert!(body.contains(&format!("<td>{name}</td>")), "{body}");
+        // Each name links to its own page.
+        assert!(
+            body.contains(&format!(
+                "<td><a href=\"/perspectives/{name}\">{name}</a></td>"
+            )),
+            "{body}"
+        );
     }
     // audit has 2 open dead letters, linked to its filtered list.
     assert!(
@@ -683,7 +689,8 @@ async fn serves_over_a_socket_until_shutdown() {
         "{answer}"
     );
     assert!(
-        answer.contains("No perspectives are registered.") || answer.contains("<td>audit</td>"),
+        answer.contains("No perspectives are registered.")
+            || answer.contains("<a href=\"/perspectives/audit\">audit</a>"),
         "{answer}"
     );
     stop.cancel();
