@@ -83,6 +83,9 @@ GRANT SELECT, INSERT ON vantage.wh_dead_letter_history TO vantage_daemon;
 -- on the database and ownership of the read_schema.
 GRANT SELECT, UPDATE ON vantage.wh_perspective_versions TO vantage_daemon;
 GRANT SELECT, INSERT ON vantage.wh_perspective_version_history TO vantage_daemon;
+-- The console's chart history (docs/operations.md, "The metric history"): the sampler upserts
+-- a row per minute and perspective and deletes those older than 24 hours; the console reads it.
+GRANT SELECT, INSERT, UPDATE, DELETE ON vantage.wh_metric_samples TO vantage_daemon;
 -- Identity columns need no sequence privileges; this keeps older or custom setups working.
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA vantage TO vantage_daemon;
 -- The contract functions (EXECUTE is also PUBLIC by default; say it explicitly).

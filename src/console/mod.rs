@@ -3,8 +3,14 @@
 //!
 //! The routes:
 //! - `GET /` — the overview (`pages::overview`): per perspective pending, leased, parked, open
-//!   dead letters and the oldest pending age, then the live instances; it refreshes itself
-//!   every [`REFRESH_SECONDS`] with a `<meta http-equiv="refresh">`, paused by `?refresh=off`;
+//!   dead letters and the oldest pending age, charts of the whole system (applied events per
+//!   second, backlog, lag, dead letters per minute) over `?window=1h|6h|24h` (1h by default;
+//!   any other value is a 400), then the live instances; it refreshes itself every
+//!   [`REFRESH_SECONDS`] with a `<meta http-equiv="refresh">`, paused by `?refresh=off`;
+//! - `GET /perspectives/{name}` — one perspective (`pages::perspective`): its numbers, its
+//!   versions and the same four charts of it alone (`?window=` as on the overview); 404 for an
+//!   unknown name. The charts are inline SVG rendered on the server (`chart`), from the
+//!   history the daemons keep in `wh_metric_samples` (`history`, docs/operations.md);
 //! - `GET /dead-letters` — the list (`pages::dead_letters`), every filter in the URL (a GET
 //!   form), a count, keyset pages;
 //! - `GET /dead-letters/{position}/{perspective}` — the detail (`pages::detail`), the event
@@ -12,7 +18,8 @@
 //!   with `preview=replay` adds a replay's dry run (it runs the statement, rolled back: an
 //!   action, so CSRF-checked and refused when read-only; a GET never runs one);
 //! - `GET /groups` — open dead letters grouped by error fingerprint (`pages::groups`), each
-//!   linking to the list filtered by it and to the bulk previews of that filter;
+//!   with a sparkline of its arrivals over `?window=`, linking to the list filtered by it and
+//!   to the bulk previews of that filter;
 //! - `GET /blocked` — the lanes whose head is parked or failing and what waits behind them
 //!   (`pages::blocked`), as `vantage status --blocked` shows them;
 //! - `GET /console.css` — the one stylesheet, embedded in the binary;
@@ -34,8 +41,10 @@
 //! [`STATEMENT_TIMEOUT`] ([`Store::with_statement_timeout`]).
 
 pub mod auth;
+mod chart;
 mod error;
 pub mod flash;
+mod history;
 mod pages;
 pub mod security;
 mod view;
@@ -134,6 +143,7 @@ pub fn router(state: ConsoleState) -> Router {
     let routes = Router::new()
         .route("/", get(pages::overview::show))
         .route("/dead-letters", get(pages::dead_letters::show))
+        .route("/perspectives/{name}", get(pages::perspective::show))
         .route("/groups", get(pages::groups::show))
         .route("/blocked", get(pages::blocked::show))
         .route(

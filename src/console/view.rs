@@ -7,6 +7,7 @@ use axum::response::{Html, IntoResponse, Response};
 use chrono::{DateTime, Utc};
 
 pub use super::flash::Flash;
+pub use super::history::WindowLink;
 
 /// The console's one stylesheet, embedded in the binary (no CDN, nothing external).
 pub const STYLESHEET: &str = include_str!("../../templates/console/console.css");
@@ -127,6 +128,13 @@ pub fn detail_href(position: i64, perspective: &str) -> String {
     format!("/dead-letters/{position}/{}", name.replace('+', "%20"))
 }
 
+/// A perspective's page: `/perspectives/{name}`.
+pub fn perspective_href(name: &str) -> String {
+    let name: String = url::form_urlencoded::byte_serialize(name.as_bytes()).collect();
+    // form encoding writes a space as `+`, which a path does not decode.
+    format!("/perspectives/{}", name.replace('+', "%20"))
+}
+
 /// One `<option>` of a filter.
 pub struct Choice {
     /// Its value (and label).
@@ -162,6 +170,8 @@ pub struct ErrorPage<'a> {
 /// A row of the overview's perspective table.
 pub struct PerspectiveRow {
     pub name: String,
+    /// Its page (`/perspectives/{name}`).
+    pub href: String,
     pub pending: i64,
     pub leased: i64,
     pub parked: i64,
@@ -195,9 +205,34 @@ pub struct OverviewPage {
     pub now: String,
     pub refresh_seconds: Option<u32>,
     pub refresh_every: u32,
+    /// The same page with the auto-refresh paused, and resumed (the window kept).
+    pub pause_href: String,
+    pub resume_href: String,
     pub perspectives: Vec<PerspectiveRow>,
     pub versions: Vec<VersionRow>,
     pub instances: Vec<InstanceRow>,
+    pub history: HistoryView,
+}
+
+/// The charts of a page and the links to its other windows.
+pub struct HistoryView {
+    /// "last hour", …
+    pub label: &'static str,
+    pub links: Vec<WindowLink>,
+    /// Rendered inline SVG ([`super::chart`]), markup the templates insert as it is.
+    pub charts: Vec<String>,
+}
+
+/// `templates/console/perspective.html`: one perspective's numbers, versions and charts.
+#[derive(Template)]
+#[template(path = "console/perspective.html")]
+pub struct PerspectivePage {
+    pub read_only: bool,
+    pub flash: Option<Flash>,
+    pub now: String,
+    pub p: PerspectiveRow,
+    pub versions: Vec<VersionRow>,
+    pub history: HistoryView,
 }
 
 /// A row of the overview's versions table (docs/versions.md): one version of a versioned
@@ -383,6 +418,10 @@ pub struct GroupRow {
     pub list_href: String,
     /// The bulk previews of this group: (label, href); empty when read-only.
     pub bulk: Vec<(&'static str, String)>,
+    /// How many of its open dead letters arrived in the window.
+    pub recent: i64,
+    /// Their arrivals over the window, a rendered inline SVG ([`super::chart::sparkline`]).
+    pub sparkline: String,
 }
 
 /// `templates/console/groups.html`.
@@ -394,6 +433,9 @@ pub struct GroupsPage {
     pub perspective: String,
     pub total: i64,
     pub groups: Vec<GroupRow>,
+    /// "last 24 hours", …
+    pub window_label: &'static str,
+    pub window_links: Vec<WindowLink>,
 }
 
 /// A row of the blocked lanes page.

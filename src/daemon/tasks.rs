@@ -129,7 +129,7 @@ impl Tasks {
             LeaseRenewal {
                 store: b.store.clone(),
                 instance: b.instance,
-                inflight: b.inflight,
+                inflight: Arc::clone(&b.inflight),
                 lease,
             },
             self.stop_renewal.clone(),
@@ -181,6 +181,7 @@ impl Tasks {
                 health: b.health.clone(),
                 cooldown: b.cooldown,
                 round: 0,
+                inflight: b.inflight,
             },
         );
         self.background.spawn(background::systemd_watchdog(

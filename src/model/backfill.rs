@@ -182,7 +182,7 @@ impl Model for Backfill {
                 seen.windows(2).all(|w| w[0] != w[1])
             }),
             Property::always("a poison event is never applied", |_, s: &State| {
-                s.poison.is_none_or(|p| !s.applied.contains(&p))
+                !s.poison.is_some_and(|p| s.applied.contains(&p))
             }),
             Property::always("done means every event accounted for", |_, s: &State| {
                 if !s.ready() || !s.rows.is_empty() {

@@ -7,8 +7,12 @@
 //! changes its rows only through this record; the renewal loop keeps the leases of every row
 //! recorded alive; at shutdown the record says which rows were started (given back without a
 //! refund) and which server processes run batch transactions (cancelled).
+//!
+//! It also counts the events each perspective applied since the sampler last took the counts
+//! (the console's chart history, docs/operations.md "The metric history"): the settle stage
+//! adds a committed pass's tally, the sampler takes and writes them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -67,6 +71,9 @@ impl Held {
 pub struct InFlight {
     inner: Mutex<Inner>,
     next_batch: AtomicU64,
+    /// Events applied per perspective since [`InFlight::take_applied`] (a lock of its own: the
+    /// lease record's is on every row's path).
+    applied: Mutex<BTreeMap<String, u64>>,
 }
 
 #[derive(Debug, Default)]
@@ -98,6 +105,25 @@ impl InFlight {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds applied events per perspective (a committed pass's, or counts a failed write of the
+    /// sampler gives back). One entry per perspective name: bounded by the configuration.
+    pub(crate) fn add_applied<'a>(&self, counts: impl IntoIterator<Item = (&'a str, u64)>) {
+        let mut applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        for (perspective, n) in counts {
+            match applied.get_mut(perspective) {
+                Some(total) => *total = total.saturating_add(n),
+                None => {
+                    applied.insert(perspective.to_owned(), n);
+                }
+            }
+        }
+    }
+
+    /// The applied events per perspective since the last call, the counts reset.
+    pub(crate) fn take_applied(&self) -> BTreeMap<String, u64> {
+        std::mem::take(&mut *self.applied.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Records the rows of one claim for a new batch, under one lock: the lanes no other loop

@@ -131,6 +131,11 @@ impl<S: WorkStore> LeasedBatch<S> {
         &self.lanes
     }
 
+    /// The process's record this batch is in.
+    pub(crate) fn inflight(&self) -> &InFlight {
+        &self.inflight
+    }
+
     /// Rows still ours.
     pub fn held(&self) -> usize {
         self.inflight.held_by(self.batch)

@@ -247,7 +247,9 @@ impl Tally {
         }
     }
 
-    fn publish(self) {
+    /// Counts the pass in the metrics and in `inflight`'s applied counts (the chart history).
+    fn publish(self, inflight: &InFlight) {
+        inflight.add_applied(self.applied.iter().map(|(p, n)| (p.as_str(), *n)));
         for (p, n) in self.applied {
             metrics::counter!(m::EVENTS_APPLIED_TOTAL, m::LABEL_PERSPECTIVE => p).increment(n);
         }
@@ -405,7 +407,7 @@ pub(crate) async fn commit<S: WorkStore>(
     }
     ptx.commit().await.map_err(conflict_or_batch)?;
     lease.committed(staged);
-    tally.publish();
+    tally.publish(lease.inflight());
     Ok(outcome)
 }
 

@@ -18,6 +18,7 @@ mod lanes;
 pub(crate) mod leases;
 mod memory;
 mod operator;
+mod samples;
 mod status;
 pub(crate) mod triage;
 mod versions;
@@ -47,6 +48,8 @@ pub(crate) use events::{
 pub(crate) use handle::WORK_CHANNEL;
 pub(crate) use instances::InstanceInfo;
 pub(crate) use lanes::LaneCursor;
+pub(crate) use samples::{MinuteSample, Window};
+pub(crate) use status::{PerspectiveStatus, StoreGauges};
 pub(crate) use triage::BlockedTotals;
 pub(crate) use versions::{
     register_version, search_version_schema, RegisterError, RegisteredVersion, Switch,

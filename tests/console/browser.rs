@@ -500,6 +500,48 @@ async fn triage_groups_blocked_lanes_and_the_replay_preview() {
     .await;
 }
 
+/// Issue 23, item 3: the charts (inline SVG) render on the overview, a perspective's page and
+/// the groups, the window links switch them, and nothing violates the CSP (no inline style,
+/// nothing loaded).
+#[tokio::test]
+async fn charts_render_within_the_content_security_policy() {
+    let env = with_dead_letters().await;
+    sample_history(&env).await;
+    let served = serve(&env).await;
+    let base = served.url("");
+    with_browser(|b| async move {
+        b.goto(&format!("{base}/")).await;
+        assert!(b.has("figure.chart svg.chart path.chart-line").await);
+        assert!(b.has("meta[http-equiv=refresh]").await);
+        b.click("a.window[href='/?window=6h']").await;
+        assert_eq!(b.path().await, "/?window=6h");
+        assert!(b.text().await.contains("History, last 6 hours"));
+        // The auto-refresh reloads this URL: the window stays.
+        assert!(b.has("meta[http-equiv=refresh]").await);
+        b.click("a[href='/perspectives/order_summary']").await;
+        assert_eq!(b.path().await, "/perspectives/order_summary");
+        assert!(b.has("svg.chart path.chart-line").await);
+        assert!(b.text().await.contains("Applied events per second"));
+        b.goto(&format!("{base}/groups")).await;
+        assert!(b.has("td.arrivals svg.sparkline rect.chart-bar").await);
+        assert_no_csp_violations(&b).await;
+    })
+    .await;
+}
+
+/// Ten minutes of chart history for order_summary, ending two minutes ago.
+async fn sample_history(env: &Env) {
+    sqlx::query(
+        "INSERT INTO wh_metric_samples (minute, perspective_name, applied, backlog, lag_seconds) \
+         SELECT date_trunc('minute', now()) - make_interval(mins => m), 'order_summary', \
+                600 + 60 * (m % 4), 40 - 3 * m, 20 + m \
+         FROM generate_series(2, 11) AS m",
+    )
+    .execute(env.store.pool())
+    .await
+    .unwrap();
+}
+
 /// Writes docs/console-*.png: every page at the harness's window size, the replay preview as
 /// an operator reaches it (its button on the detail page).
 #[tokio::test]
@@ -507,6 +549,7 @@ async fn triage_groups_blocked_lanes_and_the_replay_preview() {
 async fn screenshots() {
     let env = with_dead_letters().await;
     block_a_lane(&env).await;
+    sample_history(&env).await;
     let served = serve(&env).await;
     let base = served.url("");
     let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
@@ -521,6 +564,7 @@ async fn screenshots() {
                 "console-bulk-preview.png",
             ),
             ("/groups", "console-groups.png"),
+            ("/perspectives/order_summary", "console-perspective.png"),
             ("/blocked", "console-blocked.png"),
         ] {
             b.goto(&format!("{base}{path}")).await;

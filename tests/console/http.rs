@@ -164,7 +164,13 @@ async fn overview_shows_each_perspective_its_dead_letters_and_the_instances() {
     let console = open_console(&env);
     let body = ok(get(&console, "/").await);
     for name in ["order_summary", "audit", "legacy"] {
-        assert!(body.contains(&format!("<td>{name}</td>")), "{body}");
+        // Each name links to its own page.
+        assert!(
+            body.contains(&format!(
+                "<td><a href=\"/perspectives/{name}\">{name}</a></td>"
+            )),
+            "{body}"
+        );
     }
     // audit has 2 open dead letters, linked to its filtered list.
     assert!(
@@ -683,7 +689,8 @@ async fn serves_over_a_socket_until_shutdown() {
         "{answer}"
     );
     assert!(
-        answer.contains("No perspectives are registered.") || answer.contains("<td>audit</td>"),
+        answer.contains("No perspectives are registered.")
+            || answer.contains("<a href=\"/perspectives/audit\">audit</a>"),
         "{answer}"
     );
     stop.cancel();
@@ -2433,4 +2440,118 @@ async fn overview_lists_each_version_of_a_versioned_perspective() {
     );
     assert!(body.contains(&row("2", "building")), "{body}");
     assert!(body.contains("<code>orders_v2</code>"), "{body}");
+}
+
+/// Issue 23, item 3: the overview, a perspective's page and the groups show inline SVG charts
+/// from the sample history and the dead letters' arrivals; `window` is validated (400 names
+/// it); a perspective's name is escaped on its page, and an unknown one is a 404.
+#[tokio::test]
+async fn charts_on_the_overview_a_perspective_page_and_the_groups() {
+    let env = with_dead_letters().await;
+    // Ten minutes of history for order_summary, ending two minutes ago (complete minutes).
+    env.exec(
+        "INSERT INTO wh_metric_samples (minute, perspective_name, applied, backlog, lag_seconds) \
+         SELECT date_trunc('minute', now()) - make_interval(mins => m), 'order_summary', 600, m, m * 1.5 \
+         FROM generate_series(2, 11) AS m",
+    )
+    .await;
+    let console = open_console(&env);
+
+    for uri in ["/", "/?window=6h", "/?window=24h&refresh=off"] {
+        let body = ok(get(&console, uri).await);
+        assert_eq!(
+            body.matches("<svg class=\"chart\"").count(),
+            4,
+            "{uri}: {body}"
+        );
+        for title in [
+            "Applied events per second",
+            "Backlog (work rows)",
+            "Lag: oldest pending (s)",
+            "Dead letters per minute",
+        ] {
+            assert!(body.contains(title), "{uri}: {title}");
+        }
+        assert!(!body.contains(" style="), "{uri}: no inline style");
+        assert!(!body.contains("<script"), "{uri}");
+    }
+    // 600 applied per minute is 10/s; the highest backlog is 11.
+    let body = ok(get(&console, "/").await);
+    assert!(body.contains("last 10/s, max 10/s"), "{body}");
+    assert!(body.contains("max 11 ("), "{body}");
+    // The window links keep a paused refresh; the refresh links keep the window.
+    let body = ok(get(&console, "/?window=6h&refresh=off").await);
+    assert!(
+        body.contains("href=\"/?window=24h&amp;refresh=off\""),
+        "{body}"
+    );
+    assert!(body.contains("href=\"/?window=6h\""), "{body}");
+    assert!(
+        body.contains("href=\"/perspectives/order_summary\""),
+        "{body}"
+    );
+
+    for uri in [
+        "/?window=2h",
+        "/perspectives/audit?window=%3Cb%3E",
+        "/groups?window=1d",
+    ] {
+        let (response, body) = get(&console, uri).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{uri}");
+        assert!(
+            body.contains("window must be 1h, 6h or 24h"),
+            "{uri}: {body}"
+        );
+        assert!(!body.contains("<b>"), "{uri}: {body}");
+    }
+
+    let body = ok(get(&console, "/perspectives/order_summary").await);
+    assert_eq!(body.matches("<svg class=\"chart\"").count(), 4, "{body}");
+    assert!(body.contains("last 10/s"), "{body}");
+    let body = ok(get(&console, "/perspectives/audit?window=24h").await);
+    // audit has no samples: its rate says so, its dead letters arrived just now.
+    assert!(body.contains("no data in this window"), "{body}");
+
+    // A perspective named with HTML characters is escaped on its page.
+    let evil = "<img src=x onerror=alert(1)>&\"";
+    env.store
+        .register_perspective(evil, &["OrderPlaced".to_string()])
+        .await
+        .unwrap();
+    let path = format!(
+        "/perspectives/{}",
+        url::form_urlencoded::byte_serialize(evil.as_bytes())
+            .collect::<String>()
+            .replace('+', "%20")
+    );
+    let body = ok(get(&console, &path).await);
+    assert!(!body.contains("<img"), "{body}");
+    assert!(
+        body.contains("&lt;img src=x onerror=alert(1)&gt;"),
+        "{body}"
+    );
+    let body = ok(get(&console, "/").await);
+    assert!(!body.contains("<img"), "{body}");
+    let (response, body) = get(&console, "/perspectives/no_such_one").await;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    assert!(body.contains("no_such_one"), "{body}");
+
+    // Each group has a sparkline of its arrivals in the window (the current minute included).
+    let body = ok(get(&console, "/groups").await);
+    assert_eq!(
+        body.matches("<svg class=\"sparkline\"").count(),
+        4,
+        "{body}"
+    );
+    assert!(body.contains("1 arrived in the last hour"), "{body}");
+    let body = ok(get(&console, "/groups?window=24h&perspective=audit").await);
+    assert_eq!(
+        body.matches("<svg class=\"sparkline\"").count(),
+        2,
+        "{body}"
+    );
+    assert!(
+        body.contains("href=\"/groups?perspective=audit\""),
+        "{body}"
+    );
 }

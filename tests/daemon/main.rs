@@ -9,4 +9,5 @@ mod behaviour;
 mod bench_smoke;
 mod drain;
 mod hardening;
+mod samples;
 mod typed_perspective;

@@ -1064,6 +1064,26 @@ async fn exercise_roles(
         sqlx::query(sql).fetch_one(pool).await.map_err(step(what))?;
     }
 
+    // The sampler's chart history: upserted, trimmed and read (the console reads it too).
+    for (what, sql) in [
+        (
+            "upsert wh_metric_samples",
+            "INSERT INTO wh_metric_samples AS s (minute, perspective_name, applied, backlog) \
+             VALUES (date_trunc('minute', now()), 'orders', 1, 0) \
+             ON CONFLICT (minute, perspective_name) DO UPDATE SET applied = s.applied + EXCLUDED.applied",
+        ),
+        (
+            "trim wh_metric_samples",
+            "DELETE FROM wh_metric_samples WHERE minute < now() - interval '24 hours'",
+        ),
+        (
+            "read wh_metric_samples",
+            "SELECT count(*) FROM wh_metric_samples",
+        ),
+    ] {
+        sqlx::query(sql).execute(pool).await.map_err(step(what))?;
+    }
+
     // ... and nothing more: no DDL, no writing events.
     match sqlx::query("CREATE TABLE wh_not_allowed (x int)")
         .execute(pool)

@@ -49,6 +49,15 @@ CREATE TABLE wh_lane_wakeups (
     min_version integer
 );
 
+-- table wh_metric_samples
+CREATE TABLE wh_metric_samples (
+    minute timestamp with time zone NOT NULL,
+    perspective_name text NOT NULL,
+    applied bigint NOT NULL DEFAULT 0,
+    backlog bigint,
+    lag_seconds double precision
+);
+
 -- table wh_perspective_events WITH (fillfactor=70, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.05, autovacuum_analyze_scale_factor=0.02)
 CREATE TABLE wh_perspective_events (
     event_work_id uuid NOT NULL DEFAULT gen_random_uuid(),
@@ -163,6 +172,18 @@ ALTER TABLE wh_event_store ADD CONSTRAINT wh_event_store_stream_version_key UNIQ
 
 -- constraint wh_event_store.wh_event_store_stream_version_positive
 ALTER TABLE wh_event_store ADD CONSTRAINT wh_event_store_stream_version_positive CHECK ((stream_version > 0));
+
+-- constraint wh_metric_samples.wh_metric_samples_applied_check
+ALTER TABLE wh_metric_samples ADD CONSTRAINT wh_metric_samples_applied_check CHECK ((applied >= 0));
+
+-- constraint wh_metric_samples.wh_metric_samples_backlog_check
+ALTER TABLE wh_metric_samples ADD CONSTRAINT wh_metric_samples_backlog_check CHECK ((backlog >= 0));
+
+-- constraint wh_metric_samples.wh_metric_samples_lag_seconds_check
+ALTER TABLE wh_metric_samples ADD CONSTRAINT wh_metric_samples_lag_seconds_check CHECK ((lag_seconds >= (0)::double precision));
+
+-- constraint wh_metric_samples.wh_metric_samples_pkey
+ALTER TABLE wh_metric_samples ADD CONSTRAINT wh_metric_samples_pkey PRIMARY KEY (minute, perspective_name);
 
 -- constraint wh_perspective_events.wh_perspective_events_perspective_event_key
 ALTER TABLE wh_perspective_events ADD CONSTRAINT wh_perspective_events_perspective_event_key UNIQUE (perspective_name, event_id);

@@ -8,6 +8,7 @@ pub mod dead_letters;
 pub mod detail;
 pub mod groups;
 pub mod overview;
+pub mod perspective;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

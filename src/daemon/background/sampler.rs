@@ -1,4 +1,5 @@
-//! The sampler task: readiness, the database gauges, and the cooldown sweep.
+//! The sampler task: readiness, the database gauges, the cooldown sweep, and the console's
+//! chart history (`wh_metric_samples`, docs/operations.md "The metric history").
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,13 +8,17 @@ use serde_json::{json, Value};
 
 use super::{bounded, BackgroundTask};
 use crate::pipeline::cooldown::CooldownCache;
-use crate::store::Store;
+use crate::pipeline::inflight::InFlight;
+use crate::store::{MinuteSample, Store, StoreGauges};
 use crate::telemetry::health::Health;
 use crate::telemetry::metrics as m;
 
 /// Readiness (database reachable, migrations current) every second; gauges from the database
 /// and a cooldown sweep every 15 s (the gauges count the work table: a scan, so not more often
-/// than Prometheus typically scrapes).
+/// than Prometheus typically scrapes). In the same 15 s round it writes the chart history: one
+/// upsert of the current minute per perspective (the events this process applied since the
+/// last write, the backlog and lag just read), then a trim of the minutes older than 24 hours;
+/// each statement bounded by [`Sampler::HISTORY_TIMEOUT`].
 pub struct Sampler {
     /// The database.
     pub store: Store,
@@ -23,11 +28,65 @@ pub struct Sampler {
     pub cooldown: Option<Arc<CooldownCache>>,
     /// Rounds with the database reachable so far.
     pub round: u64,
+    /// Where the pipeline counts applied events (taken each history write).
+    pub inflight: Arc<InFlight>,
 }
 
 impl Sampler {
     /// How often.
     pub const PERIOD: Duration = Duration::from_secs(1);
+
+    /// The longest a history write or trim may take (then it is given up until the next round;
+    /// the applied counts it carried are kept for that one).
+    pub const HISTORY_TIMEOUT: Duration = Duration::from_secs(2);
+
+    /// Writes this round's minute sample (gauges when they were read) and trims the history;
+    /// what it did, for the task's status.
+    async fn record_history(&self, gauges: Option<&StoreGauges>) -> Value {
+        let taken = self.inflight.take_applied();
+        let mut samples: Vec<MinuteSample> = gauges
+            .map(|g| {
+                g.perspectives
+                    .iter()
+                    .map(|p| MinuteSample {
+                        perspective_name: p.perspective_name.clone(),
+                        applied: 0,
+                        backlog: Some(p.pending + p.leased + p.parked),
+                        lag_seconds: Some(p.oldest_pending_age_seconds.unwrap_or(0.0)),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (name, n) in &taken {
+            let n = i64::try_from(*n).unwrap_or(i64::MAX);
+            match samples.iter_mut().find(|s| &s.perspective_name == name) {
+                Some(s) => s.applied = n,
+                None => samples.push(MinuteSample {
+                    perspective_name: name.clone(),
+                    applied: n,
+                    backlog: None,
+                    lag_seconds: None,
+                }),
+            }
+        }
+        let written = bounded(Self::HISTORY_TIMEOUT, self.store.record_samples(&samples)).await;
+        if let Err(error) = &written {
+            // Not written (or not known to be): the counts wait for the next round. A write that
+            // committed just as its timeout fired counts twice; the sampler's timeout is far
+            // above such a statement's time, so this is rare and bounded to one round.
+            self.inflight
+                .add_applied(taken.iter().map(|(p, n)| (p.as_str(), *n)));
+            tracing::debug!(%error, "writing the metric history failed");
+            return json!({"written": false, "error": error.to_string()});
+        }
+        match bounded(Self::HISTORY_TIMEOUT, self.store.trim_samples()).await {
+            Ok(trimmed) => json!({"written": samples.len(), "trimmed": trimmed}),
+            Err(error) => {
+                tracing::debug!(%error, "trimming the metric history failed");
+                json!({"written": samples.len(), "trimmed": false, "error": error.to_string()})
+            }
+        }
+    }
 }
 
 impl BackgroundTask for Sampler {
@@ -55,6 +114,7 @@ impl BackgroundTask for Sampler {
         }
         match bounded(Duration::from_secs(10), self.store.gauges()).await {
             Ok(g) => {
+                let history = self.record_history(Some(&g)).await;
                 for p in g.perspectives {
                     let label = p.perspective_name;
                     let blocked = g.blocked.iter().find(|b| b.perspective_name == label);
@@ -72,11 +132,12 @@ impl BackgroundTask for Sampler {
                         .set(p.oldest_pending_age_seconds.unwrap_or(0.0));
                 }
                 metrics::gauge!(m::INSTANCES_LIVE).set(g.instances_live as f64);
-                json!({"database": "ok", "gauges": "sampled"})
+                json!({"database": "ok", "gauges": "sampled", "history": history})
             }
             Err(error) => {
                 tracing::debug!(%error, "gauge sampling failed");
-                json!({"database": "ok", "gauges": "failed", "error": error.to_string()})
+                let history = self.record_history(None).await;
+                json!({"database": "ok", "gauges": "failed", "error": error.to_string(), "history": history})
             }
         }
     }
