@@ -263,10 +263,19 @@ impl Store {
             "SELECT (SELECT count(*) FROM wh_dead_letters WHERE {FILTER_WHERE}) AS vantage_matching, * \
              FROM wh_dead_letters WHERE {FILTER_WHERE} ORDER BY {order_by} LIMIT $9"
         );
+        // In a transaction of its own: sqlx prepares a statement new to the connection in an
+        // exchange of its own, and the table lock taken to plan it would otherwise be let go
+        // before the read, so a writer queued behind it (a purge) could slip in between: the
+        // count and the set would still agree, but describe a later moment than the one the
+        // read waited for.
+        let mut tx = self.pool.begin().await.map_err(map_db_error)?;
         let fetched = bind_filter!(sqlx::query(&sql), open)
             .bind(i64::from(limit.max(1)))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await;
+        if fetched.is_ok() {
+            tx.commit().await.map_err(map_db_error)?;
+        }
         let rows = match fetched {
             Ok(rows) => rows,
             Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("57014") => {

@@ -1964,6 +1964,8 @@ async fn until_lock_waiters(env: &Env, mode: &str, n: i64) {
 /// the read is done: it purges one of the two letters before anything else of the confirmation
 /// can read. Before: the count (2) was read before the purge and the set (1 letter) after it,
 /// and the refusal said "2 match, as before, but not the same ones" — neither then nor now.
+/// And on a connection the statement was new to, its preparation (an exchange of its own) took
+/// and let go of the lock before the read, so the purge came first now and then (under load).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bulk_confirmation_reads_its_count_and_its_set_in_one_snapshot() {
     let env = with_dead_letters().await;
@@ -1972,6 +1974,10 @@ async fn a_bulk_confirmation_reads_its_count_and_its_set_in_one_snapshot() {
     let fields = confirmation(&preview, &[("perspective", "audit")]);
     assert_eq!(fields[1].1, "2");
     let audit_1: uuid::Uuid = open_id(&env, "audit", 1).await.parse().unwrap();
+    // The confirmation comes on a connection the statement is new to (another console process,
+    // or a pool that opened a connection): it is prepared first, and that waits for the lock
+    // too.
+    let console = open_console(&env);
 
     // The test holds the table; the confirmation's first read waits for it.
     let mut holder = env.store.pool().begin().await.unwrap();
