@@ -55,6 +55,16 @@ name = "fragile"
 events = ["Fragile"]
 [perspectives.sql]
 Fragile = "INSERT INTO public.deploy_orders (stream_id, version, n) VALUES ($2, $6, ($1->>'n')::int)"
+
+# A versioned perspective: the version panels have a series to show.
+[[perspectives]]
+name = "summary"
+read_schema = "deploy_rm"
+tables = ["totals"]
+setup = "CREATE TABLE totals (stream_id uuid PRIMARY KEY, n int NOT NULL)"
+events = ["OrderPlaced"]
+[perspectives.sql]
+OrderPlaced = "INSERT INTO totals (stream_id, n) VALUES ($2, ($1->>'n')::int) ON CONFLICT (stream_id) DO UPDATE SET n = totals.n + EXCLUDED.n"
 "#;
 
 // ---------------------------------------------------------------------------------------------
