@@ -217,8 +217,16 @@ async fn serve(options: LoadOptions) -> i32 {
             return exit::CONFIG;
         }
     };
-    // Log lines per [log]; the first SIGTERM/SIGINT stops gracefully, a second one at once.
-    let stop = match signals::start_service(&settings.log) {
+    // Traces per [telemetry] and OTEL_* (off unless an endpoint is set); log lines per [log];
+    // the first SIGTERM/SIGINT stops gracefully, a second one at once.
+    let traces = match vantage::telemetry::traces::from_process_env(&settings.telemetry) {
+        Ok(traces) => traces,
+        Err(e) => {
+            eprintln!("inventory: {e}");
+            return exit::CONFIG;
+        }
+    };
+    let stop = match signals::start_service(&settings.log, traces.as_ref()) {
         Ok(token) => token,
         Err(code) => return code,
     };
@@ -271,7 +279,14 @@ async fn main() -> ExitCode {
             Err(e) => fail(e),
         };
     }
-    ExitCode::from(serve(options).await as u8)
+    let code = serve(options).await;
+    // The spans still queued go out before the process ends (off the runtime's threads: the
+    // flush blocks until the exporter is done).
+    let _ = tokio::task::spawn_blocking(|| {
+        vantage::telemetry::traces::flush(std::time::Duration::from_secs(5))
+    })
+    .await;
+    ExitCode::from(code as u8)
 }
 
 fn fail(e: anyhow::Error) -> ExitCode {

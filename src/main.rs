@@ -20,5 +20,7 @@ fn main() {
     let code = runtime.block_on(vantage::cli::run(cli));
     // Do not wait for lingering blocking tasks (e.g. a stdin reader) once the command is done.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    // The spans still queued (the last batches, the shutdown) go out before the process ends.
+    vantage::telemetry::traces::flush(std::time::Duration::from_secs(5));
     std::process::exit(code);
 }

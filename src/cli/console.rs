@@ -47,7 +47,7 @@ pub async fn run(global: &GlobalArgs, args: ConsoleArgs) -> i32 {
             return exit::CONFIG;
         }
     };
-    let stop = match signals::start_service(&settings.log) {
+    let stop = match signals::start_service(&settings.log, None) {
         Ok(token) => token,
         Err(code) => return code,
     };

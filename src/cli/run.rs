@@ -16,7 +16,14 @@ pub async fn run(global: &GlobalArgs) -> i32 {
             return exit::CONFIG;
         }
     };
-    let stop = match signals::start_service(&settings.log) {
+    let traces = match crate::telemetry::traces::from_process_env(&settings.telemetry) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("vantage: {e}");
+            return exit::CONFIG;
+        }
+    };
+    let stop = match signals::start_service(&settings.log, traces.as_ref()) {
         Ok(token) => token,
         Err(code) => return code,
     };

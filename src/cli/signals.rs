@@ -111,11 +111,18 @@ pub fn install(notices: Notices) -> io::Result<CancellationToken> {
     Ok(token)
 }
 
-/// What a long-running command (`run`, `console`) does first: logging from `[log]`, then the
-/// signal handlers, with log lines as notices. `Err` is the exit code to return (78 for a bad
-/// log filter, 1 when the handlers cannot be installed).
-pub fn start_service(log: &crate::config::LogSettings) -> Result<CancellationToken, i32> {
-    if let Err(e) = crate::telemetry::logging::init(log) {
+/// What a long-running command (`run`, `console`) does first: logging from `[log]` (and traces,
+/// when `traces` is given), then the signal handlers, with log lines as notices. `Err` is the
+/// exit code to return (78 for a bad log filter or trace exporter, 1 when the handlers cannot
+/// be installed).
+pub fn start_service(
+    log: &crate::config::LogSettings,
+    traces: Option<&crate::telemetry::traces::TraceSettings>,
+) -> Result<CancellationToken, i32> {
+    if let Err(e) = crate::telemetry::logging::init_with_writer(log, traces, std::io::stderr, {
+        use std::io::IsTerminal;
+        std::io::stderr().is_terminal()
+    }) {
         eprintln!("vantage: {e}");
         return Err(exit::CONFIG);
     }

@@ -63,12 +63,12 @@ pub use limits::{
 pub use options::{LoadOptions, DEFAULT_CONFIG_PATH};
 pub use secret::{DatabaseUrl, Secret};
 pub use sections::{
-    CooldownSettings, DatabaseSettings, HttpSettings, LogSettings, OrphanSettings,
-    PerspectiveSettings, Settings, SloKind, SloSettings, WorkerSettings,
+    CooldownSettings, DatabaseSettings, HttpSettings, LogSettings, OrphanSettings, OtlpProtocol,
+    PerspectiveSettings, Settings, SloKind, SloSettings, TelemetrySettings, WorkerSettings,
 };
 pub use values::{LogFormat, Percent, QuarantineAfter};
 
-pub(crate) use values::decimal;
+pub(crate) use values::{decimal, otlp_endpoint_ok, OTLP_ENDPOINT};
 
 use messages::Written;
 

@@ -34,6 +34,8 @@ pub struct Settings {
     pub console: ConsoleSettings,
     /// `[log]`
     pub log: LogSettings,
+    /// `[telemetry]`: traces (docs/operations.md, "Traces").
+    pub telemetry: TelemetrySettings,
     /// `[[perspectives]]`: SQL perspectives, from the file only.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub perspectives: Vec<PerspectiveSettings>,
@@ -228,6 +230,66 @@ impl Default for LogSettings {
         Self {
             format: LogFormat::Text,
             level: "info".to_owned(),
+        }
+    }
+}
+
+/// `[telemetry]`: OpenTelemetry traces over OTLP/HTTP, off unless an endpoint is set here or in
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` (the standard `OTEL_*` variables win over these keys, as every
+/// environment variable wins over the file).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetrySettings {
+    /// `otlp_endpoint` (default: none, traces off): the collector's base URL, `http://` or
+    /// `https://`, such as `"http://127.0.0.1:4318"`; spans go to `/v1/traces` under it.
+    #[serde(
+        deserialize_with = "values::otlp_endpoint",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub otlp_endpoint: Option<String>,
+    /// `protocol` (default `http/protobuf`): or `http/json`.
+    #[serde(deserialize_with = "values::otlp_protocol")]
+    pub protocol: OtlpProtocol,
+    /// `sampling` (default `100%`): the share of batches and of untraced work that is traced.
+    /// Parent-based: an event whose producer's span was sampled is traced whatever this says,
+    /// one whose producer's span was not is not.
+    #[serde(with = "values::percent_required")]
+    pub sampling: Percent,
+    /// `service_name` (default `vantage`): the `service.name` of the spans.
+    #[serde(deserialize_with = "values::string")]
+    pub service_name: String,
+}
+
+impl Default for TelemetrySettings {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            protocol: OtlpProtocol::HttpProtobuf,
+            sampling: Percent::from_ppm(Percent::WHOLE),
+            service_name: "vantage".to_owned(),
+        }
+    }
+}
+
+/// How spans are encoded for the collector (`OTEL_EXPORTER_OTLP_PROTOCOL`'s values; gRPC is
+/// not built in: a collector takes OTLP/HTTP on port 4318).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum OtlpProtocol {
+    /// `http/protobuf`
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+    /// `http/json`
+    #[serde(rename = "http/json")]
+    HttpJson,
+}
+
+impl OtlpProtocol {
+    /// The protocol named `s` as `OTEL_EXPORTER_OTLP_PROTOCOL` spells it.
+    pub fn parse(s: &str) -> Option<OtlpProtocol> {
+        match s.trim() {
+            "http/protobuf" => Some(OtlpProtocol::HttpProtobuf),
+            "http/json" => Some(OtlpProtocol::HttpJson),
+            _ => None,
         }
     }
 }

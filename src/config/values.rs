@@ -406,6 +406,59 @@ pub(super) mod percent {
     }
 }
 
+/// `telemetry.sampling`: a percentage that must be there (see [`Percent`]).
+pub(super) mod percent_required {
+    use super::{Deserializer, Percent};
+    use serde::Serializer;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Percent, D::Error> {
+        super::percent::deserialize(d).map(|p| p.unwrap_or(Percent::from_ppm(Percent::WHOLE)))
+    }
+
+    pub fn serialize<S: Serializer>(v: &Percent, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(v)
+    }
+}
+
+/// `telemetry.otlp_endpoint`: an `http://` or `https://` URL with a host (checked as
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` is: [`otlp_endpoint_ok`]).
+pub(super) fn otlp_endpoint<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let s = string(d).map_err(|_: D::Error| expected(OTLP_ENDPOINT))?;
+    if otlp_endpoint_ok(&s) {
+        Ok(Some(s.trim().to_owned()))
+    } else {
+        Err(expected(OTLP_ENDPOINT))
+    }
+}
+
+/// What an OTLP endpoint must look like, for messages.
+pub(crate) const OTLP_ENDPOINT: &str =
+    "an http:// or https:// URL of an OTLP collector, such as \"http://127.0.0.1:4318\"";
+
+/// Whether `s` is an OTLP/HTTP endpoint: `http` or `https`, with a host, no credentials in
+/// it (they would be logged with the URL; use `OTEL_EXPORTER_OTLP_HEADERS`).
+pub(crate) fn otlp_endpoint_ok(s: &str) -> bool {
+    match url::Url::parse(s.trim()) {
+        Ok(u) => {
+            matches!(u.scheme(), "http" | "https")
+                && u.host_str().is_some_and(|h| !h.is_empty())
+                && u.username().is_empty()
+                && u.password().is_none()
+        }
+        Err(_) => false,
+    }
+}
+
+/// `telemetry.protocol`: `http/protobuf` or `http/json`.
+pub(super) fn otlp_protocol<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<super::sections::OtlpProtocol, D::Error> {
+    Scalar::deserialize(d)?
+        .into_string()
+        .and_then(|s| super::sections::OtlpProtocol::parse(&s))
+        .ok_or_else(|| expected("\"http/protobuf\" or \"http/json\""))
+}
+
 /// `slo[].window`: the error budget's window, whole hours from [`MIN_SLO_WINDOW`] (the longest
 /// alert window, 3 days) to [`MAX_SLO_WINDOW`] (a year). Longer than any other duration, so it
 /// has its own parser.

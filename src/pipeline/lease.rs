@@ -497,6 +497,15 @@ fn log_dead_letter(
         %error,
         "event dead-lettered"
     );
+    super::spans::dead_letter(
+        &h.perspective,
+        h.stream_id,
+        h.event_id,
+        h.global_position,
+        h.attempts,
+        reason,
+        error,
+    );
     metrics::counter!(m::DEAD_LETTER_MOVES_TOTAL,
         m::LABEL_PERSPECTIVE => h.perspective.clone(),
         m::LABEL_REASON => reason.to_string())

@@ -24,10 +24,12 @@ pub mod envelope;
 pub mod inflight;
 pub mod lease;
 pub mod settle;
+mod spans;
 
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use self::apply::{ApplyBatchError, ApplyContext, BatchOutcome};
 use self::claim::ClaimLimits;
@@ -140,7 +142,9 @@ impl<S: WorkStore> Pipeline<S> {
         stop: &CancellationToken,
     ) -> Result<DrainOutcome, DrainError> {
         let ctx = &self.ctx;
-        // 1. Claim: the lease handle owns the rows from here on.
+        // 1. Claim: the lease handle owns the rows from here on. Its span is never entered, so
+        // nothing starts it before the number of rows is on it.
+        let claim_span = spans::claim(self.perspectives.len(), self.limits.batch_size);
         let claim = claim::claim_batch(
             &ctx.store,
             ctx.instance,
@@ -155,13 +159,34 @@ impl<S: WorkStore> Pipeline<S> {
             claimed = claim => claimed.map_err(DrainError::Claim)?,
         };
         let rows = lease.take_rows();
+        // Recorded before anything asks for the span's context: the sampler drops an empty claim.
+        claim_span.record(crate::telemetry::traces::CLAIMED, rows.len() as i64);
+        if rows.is_empty() {
+            return Ok(DrainOutcome::default());
+        }
+        let batch_span = spans::batch(&claim_span, rows.len());
+        drop(claim_span);
+        let result = self
+            .drain_claimed(lease, rows)
+            .instrument(batch_span.clone())
+            .await;
+        if let Ok(outcome) = &result {
+            spans::batch_done(&batch_span, outcome);
+        }
+        result
+    }
+
+    /// Stages 2 to 6 of a pass over the `rows` of `lease`.
+    async fn drain_claimed(
+        &self,
+        mut lease: lease::LeasedBatch<S>,
+        rows: Vec<crate::store::WorkRow>,
+    ) -> Result<DrainOutcome, DrainError> {
+        let ctx = &self.ctx;
         let mut outcome = DrainOutcome {
             claimed: rows.len(),
             ..DrainOutcome::default()
         };
-        if rows.is_empty() {
-            return Ok(outcome);
-        }
 
         // 2. DLQ pre-filter.
         let sink: Option<&mut dyn DeadLetterSink> = if self.dead_letters_enabled {

@@ -10,7 +10,7 @@
 //! after the commit each change is logged and counted once. `give_back_rest` ends a batch:
 //! whatever is still ours goes back.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ use uuid::Uuid;
 use super::cooldown::CooldownCache;
 use super::inflight::{BackendGuard, InFlight};
 use super::lease::{LeasedBatch, Staged};
+use super::spans::ApplySpan;
 use crate::perspective::{EventEnvelope, Perspective};
 use crate::store::{StoreError, WorkStore, WorkTx};
 use crate::telemetry::metrics as m;
@@ -290,9 +291,26 @@ pub(crate) struct Decisions {
     pub(crate) outcome: BatchOutcome,
     /// Changes staged on leased rows, reported after commit.
     pub(crate) staged: Staged,
+    /// The apply spans of the traced events the pass reached (empty when traces are off).
+    spans: HashMap<Uuid, ApplySpan>,
 }
 
 impl Decisions {
+    /// The pass reached `ev`: its apply span starts, if it is traced.
+    pub(crate) fn reach(&mut self, ev: &EventEnvelope) {
+        if let Some(span) = ApplySpan::start(ev) {
+            self.spans.insert(ev.event_work_id, span);
+        }
+    }
+
+    /// The apply span of `ev`, if it is traced (no lookup at all when nothing is).
+    fn span(&mut self, ev: &EventEnvelope) -> Option<&mut ApplySpan> {
+        if self.spans.is_empty() {
+            return None;
+        }
+        self.spans.get_mut(&ev.event_work_id)
+    }
+
     /// A cooled row: completed without re-applying.
     pub(crate) fn skip(&mut self, ev: &EventEnvelope) {
         Tally::count(&mut self.tally.cooled, &ev.perspective_name);
@@ -305,6 +323,9 @@ impl Decisions {
         Tally::count(&mut self.tally.applied, &ev.perspective_name);
         self.outcome.applied += 1;
         self.done.push(ev.event_work_id);
+        if let Some(span) = self.span(ev) {
+            span.applied();
+        }
     }
 
     /// A retryable failure: charged, parked for `retry_in`; the rows behind it go back.
@@ -315,6 +336,9 @@ impl Decisions {
         retry_in: Duration,
         behind: &[EventEnvelope],
     ) {
+        if let Some(span) = self.span(ev) {
+            span.failed(&error);
+        }
         self.changes.push(Change::Fail {
             id: ev.event_work_id,
             error,
@@ -327,6 +351,9 @@ impl Decisions {
 
     /// A permanent failure: dead-lettered; the lane goes on.
     pub(crate) fn dead_letter(&mut self, ev: &EventEnvelope, error: String) {
+        if let Some(span) = self.span(ev) {
+            span.dead_lettered(&error);
+        }
         self.changes.push(Change::DeadLetter {
             id: ev.event_work_id,
             error,
@@ -353,6 +380,7 @@ pub(crate) async fn commit<S: WorkStore>(
         tally,
         outcome,
         mut staged,
+        mut spans,
     } = decisions;
     let settled = async {
         for change in &changes {
@@ -406,6 +434,8 @@ pub(crate) async fn commit<S: WorkStore>(
         });
     }
     ptx.commit().await.map_err(conflict_or_batch)?;
+    spans.values_mut().for_each(ApplySpan::durable);
+    drop(spans);
     lease.committed(staged);
     tally.publish(lease.inflight());
     Ok(outcome)

@@ -14,10 +14,13 @@ use std::io::IsTerminal;
 
 use tracing::Subscriber;
 use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::{EnvFilter, Layer};
 
 use super::recorder::TelemetryError;
+use super::traces::{self, TraceSettings};
 use crate::config::{LogFormat, LogSettings};
 
 /// The environment variable that overrides `log.level`.
@@ -25,27 +28,36 @@ pub const RUST_LOG: &str = "RUST_LOG";
 /// The environment variable that turns colour off when set to anything but the empty string.
 pub const NO_COLOR: &str = "NO_COLOR";
 
-/// Installs the global `tracing` subscriber on stderr: see [`init_with_writer`].
+/// Installs the global `tracing` subscriber on stderr, without traces: see [`init_with_writer`].
 ///
 /// # Errors
 /// As [`init_with_writer`].
 pub fn init(settings: &LogSettings) -> Result<(), TelemetryError> {
-    init_with_writer(settings, std::io::stderr, std::io::stderr().is_terminal())
+    init_with_writer(
+        settings,
+        None,
+        std::io::stderr,
+        std::io::stderr().is_terminal(),
+    )
 }
 
 /// Installs the global `tracing` subscriber: lines in `settings.format` through `writer`,
 /// filtered by `RUST_LOG` when set, else by `settings.level`. `terminal` says whether the
 /// writer's target is a terminal (ask it with [`std::io::IsTerminal`]); text lines are coloured
-/// only when it is and `NO_COLOR` does not say otherwise ([`colour`]).
+/// only when it is and `NO_COLOR` does not say otherwise ([`colour`]). With `traces`, the spans
+/// of [`traces::TARGET`] are exported as OpenTelemetry spans too ([`traces::layer`]); the log
+/// filter does not apply to them, nor they to the log lines.
 ///
 /// Idempotent: if a subscriber is already installed (a second daemon in the same test
 /// process), the existing one is kept and this returns `Ok`.
 ///
 /// # Errors
 /// [`TelemetryError::LogFilter`] if the chosen filter does not parse; the message names
-/// `RUST_LOG` or `log.level`, whichever was used.
+/// `RUST_LOG` or `log.level`, whichever was used. [`TelemetryError::Traces`] if the trace
+/// exporter cannot be built.
 pub fn init_with_writer<W>(
     settings: &LogSettings,
+    traces: Option<&TraceSettings>,
     writer: W,
     terminal: bool,
 ) -> Result<(), TelemetryError>
@@ -57,8 +69,16 @@ where
         .filter(|v| !v.trim().is_empty());
     let filter = filter_for(settings, from_env.as_deref())?;
     let ansi = colour(terminal, std::env::var_os(NO_COLOR).as_deref());
+    let provider = traces.map(traces::provider).transpose()?;
+    let otel = provider.as_ref().map(traces::layer);
+    let installed = tracing_subscriber::registry()
+        .with(fmt_layer(settings.format, filter, writer, ansi))
+        .with(otel)
+        .try_init();
     // `try_init` fails only when a global subscriber (or `log` logger) is already set: keep it.
-    let _already_set = subscriber(settings.format, filter, writer, ansi).try_init();
+    if let (Ok(()), Some(provider)) = (installed, provider) {
+        traces::remember(provider);
+    }
     Ok(())
 }
 
@@ -68,8 +88,37 @@ pub fn colour(terminal: bool, no_color: Option<&OsStr>) -> bool {
     terminal && !matches!(no_color, Some(v) if !v.is_empty())
 }
 
-/// The subscriber [`init_with_writer`] installs. JSON lines are never coloured: `ansi` only
-/// applies to text.
+/// The log lines' layer: `format` through `writer`, only what `filter` lets through. JSON lines
+/// are never coloured: `ansi` only applies to text.
+fn fmt_layer<S, W>(
+    format: LogFormat,
+    filter: EnvFilter,
+    writer: W,
+    ansi: bool,
+) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let layer = tracing_subscriber::fmt::layer().with_writer(writer);
+    match format {
+        LogFormat::Text => layer
+            .with_ansi(ansi)
+            .fmt_fields(EscapedFields)
+            .with_filter(filter)
+            .boxed(),
+        LogFormat::Json => layer
+            .with_ansi(false)
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_filter(filter)
+            .boxed(),
+    }
+}
+
+/// A subscriber of log lines alone (the tests' own, not the global one).
+#[cfg(test)]
 fn subscriber<W>(
     format: LogFormat,
     filter: EnvFilter,
@@ -79,20 +128,7 @@ fn subscriber<W>(
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
-    let builder = tracing_subscriber::fmt()
-        .with_writer(writer)
-        .with_env_filter(filter);
-    match format {
-        LogFormat::Text => Box::new(builder.with_ansi(ansi).fmt_fields(EscapedFields).finish()),
-        LogFormat::Json => Box::new(
-            builder
-                .with_ansi(false)
-                .json()
-                .with_current_span(true)
-                .with_span_list(false)
-                .finish(),
-        ),
-    }
+    Box::new(tracing_subscriber::registry().with(fmt_layer(format, filter, writer, ansi)))
 }
 
 /// The filter to use: `rust_log` (the value of `RUST_LOG`, if set and not empty) wins over
@@ -200,7 +236,7 @@ mod tests {
             level: "debug".to_owned(),
         })
         .expect("second");
-        init_with_writer(&settings("warn"), std::io::sink, false).expect("third");
+        init_with_writer(&settings("warn"), None, std::io::sink, false).expect("third");
     }
 
     #[test]

@@ -9,3 +9,4 @@ pub(crate) mod logging;
 pub mod metrics;
 pub(crate) mod recorder;
 pub(crate) mod slo;
+pub mod traces;

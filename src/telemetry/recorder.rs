@@ -37,6 +37,16 @@ pub enum TelemetryError {
         /// The parser's complaint.
         message: String,
     },
+    /// A trace setting (a `[telemetry]` key or an `OTEL_*` variable) cannot be used.
+    #[error("invalid {origin} = {value:?}: expected {expected}")]
+    Traces {
+        /// The key or variable.
+        origin: String,
+        /// Its value (one line, at most 200 characters).
+        value: String,
+        /// What would do.
+        expected: String,
+    },
     /// The HTTP listener could not be bound.
     #[error("cannot listen on {addr} (http.listen): {source}; is another process using that port, or is the address not local?")]
     Bind {

@@ -10,4 +10,5 @@ mod bench_smoke;
 mod drain;
 mod hardening;
 mod samples;
+mod traces;
 mod typed_perspective;

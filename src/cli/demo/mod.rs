@@ -63,7 +63,14 @@ pub async fn run(global: &GlobalArgs, args: DemoArgs) -> i32 {
         }
     };
     let tty = std::io::stderr().is_terminal();
-    if let Err(message) = init_logging(&demo.settings.log, tty) {
+    let traces = match crate::telemetry::traces::from_process_env(&demo.settings.telemetry) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("vantage demo: {e}");
+            return exit::CONFIG;
+        }
+    };
+    if let Err(message) = init_logging(&demo.settings.log, traces.as_ref(), tty) {
         eprintln!("vantage demo: {message}");
         return exit::CONFIG;
     }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::report::thousands;
 use crate::config::LogSettings;
 use crate::store::{Store, StoreError};
+use crate::telemetry::traces::TraceSettings;
 
 /// How often a progress line is printed when stderr is not a terminal.
 const PLAIN_PROGRESS_EVERY: Duration = Duration::from_secs(1);
@@ -16,8 +17,12 @@ const PLAIN_PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// Logs on stderr, at `log.level` unless `RUST_LOG` is set, coloured only on a terminal and
 /// without `NO_COLOR` (the daemon's own setup, [`crate::telemetry::logging`]). On a terminal
 /// every log line first clears the progress line, which is redrawn at the next tick.
-pub(super) fn init_logging(log: &LogSettings, tty: bool) -> Result<(), String> {
-    crate::telemetry::logging::init_with_writer(log, LogWriter { clear_line: tty }, tty)
+pub(super) fn init_logging(
+    log: &LogSettings,
+    traces: Option<&TraceSettings>,
+    tty: bool,
+) -> Result<(), String> {
+    crate::telemetry::logging::init_with_writer(log, traces, LogWriter { clear_line: tty }, tty)
         .map_err(|e| e.to_string())
 }
 

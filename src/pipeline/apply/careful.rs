@@ -62,6 +62,7 @@ pub(super) async fn apply_careful<S: WorkStore>(
                 decisions.skip(ev);
                 continue;
             }
+            decisions.reach(ev);
             ptx.tx.savepoint().await?;
             lease.mark_started([ev.event_work_id]);
             let mut result = judge::call(ctx, perspective, ev, &mut ptx.tx).await;

@@ -48,6 +48,7 @@ pub(super) async fn apply_fast<S: WorkStore>(
                 decisions.skip(ev);
                 continue;
             }
+            decisions.reach(ev);
             if set_wise {
                 if let Some(statement) = perspective.batch_statement(&ev.event_type) {
                     statements.push(statement, params(ev));

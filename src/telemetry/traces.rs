@@ -1,0 +1,420 @@
+//! Traces: OpenTelemetry spans through `tracing`, exported over OTLP/HTTP, off unless an
+//! endpoint is configured (`[telemetry]`, or the standard `OTEL_*` variables, which win).
+//!
+//! Only spans of the target [`TARGET`] are exported, at `TRACE` level: with traces off, no
+//! layer wants them, so `tracing` never builds them (a callsite check, not an allocation per
+//! event), and no log line changes. The spans themselves are the pipeline's
+//! ([`crate::pipeline::spans`]): claims, batches, dead-letter moves, and the apply of each event
+//! whose metadata carries a W3C `traceparent` ([`parent_of`]).
+//!
+//! A claim that found nothing is not exported ([`QuietIdle`]): an idle daemon polls every
+//! `worker.poll_interval` per consumer, and a trace of each poll would only bill the operator.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::{Link, SpanKind, TraceContextExt, TraceId, TracerProvider};
+use opentelemetry::{Context, KeyValue, Value};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{
+    Sampler, SamplingDecision, SamplingResult, SdkTracerProvider, ShouldSample, SpanExporter,
+};
+use opentelemetry_sdk::Resource;
+use tracing::Subscriber;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::Layer;
+
+use super::recorder::TelemetryError;
+use crate::config::{OtlpProtocol, Percent, TelemetrySettings};
+
+/// The `tracing` target of every span that is exported.
+pub const TARGET: &str = "vantage::otel";
+
+/// The claim span's attribute with the number of rows claimed (0 = not exported).
+pub const CLAIMED: &str = "vantage.claimed";
+
+/// The name of a claim's span.
+pub const CLAIM_SPAN: &str = "vantage.claim";
+
+/// The longest `traceparent` (or `tracestate`) read from an event's metadata: a valid
+/// `traceparent` is 55 characters and W3C caps `tracestate` at 512; anything longer is a
+/// producer's mistake (or an attack), and is ignored, not parsed.
+pub const MAX_HEADER: usize = 512;
+
+/// The trace configuration in effect: where spans go and which are kept.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceSettings {
+    /// The full URL spans are posted to (`…/v1/traces`).
+    pub endpoint: String,
+    /// How they are encoded.
+    pub protocol: OtlpProtocol,
+    /// Which traces are kept.
+    pub sampler: SamplerChoice,
+    /// `service.name`.
+    pub service_name: String,
+}
+
+/// Which traces are kept (`OTEL_TRACES_SAMPLER`'s values).
+#[derive(Clone, Debug, PartialEq)]
+pub enum SamplerChoice {
+    /// `always_on`
+    AlwaysOn,
+    /// `always_off`
+    AlwaysOff,
+    /// `traceidratio` with its ratio (0 to 1).
+    Ratio(f64),
+    /// `parentbased_*`: a span with a parent follows it; a root span asks the inner choice.
+    ParentBased(Box<SamplerChoice>),
+}
+
+impl SamplerChoice {
+    fn sampler(&self) -> Sampler {
+        match self {
+            SamplerChoice::AlwaysOn => Sampler::AlwaysOn,
+            SamplerChoice::AlwaysOff => Sampler::AlwaysOff,
+            SamplerChoice::Ratio(r) => Sampler::TraceIdRatioBased(*r),
+            SamplerChoice::ParentBased(root) => Sampler::ParentBased(Box::new(root.sampler())),
+        }
+    }
+
+    /// `telemetry.sampling` as a sampler: parent-based, all roots at 100 %.
+    fn from_percent(p: Percent) -> SamplerChoice {
+        let root = if p.ppm() >= Percent::WHOLE {
+            SamplerChoice::AlwaysOn
+        } else {
+            SamplerChoice::Ratio(f64::from(p.ppm()) / f64::from(Percent::WHOLE))
+        };
+        SamplerChoice::ParentBased(Box::new(root))
+    }
+}
+
+/// The trace configuration of `settings` and the environment `env` (a variable's value by
+/// name): `None` when traces are off. The standard variables win over the file's keys:
+/// `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` turn traces off;
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (used as it is) or `OTEL_EXPORTER_OTLP_ENDPOINT` (a base
+/// URL, `/v1/traces` appended) turn them on; `OTEL_EXPORTER_OTLP_PROTOCOL`,
+/// `OTEL_TRACES_SAMPLER` (+ `OTEL_TRACES_SAMPLER_ARG`) and `OTEL_SERVICE_NAME` override
+/// `protocol`, `sampling` and `service_name`.
+///
+/// # Errors
+/// [`TelemetryError::Traces`] naming the variable or key whose value cannot be used.
+pub fn resolve(
+    settings: &TelemetrySettings,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Option<TraceSettings>, TelemetryError> {
+    let var = |name: &str| {
+        env(name)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    };
+    if var("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+        return Ok(None);
+    }
+    match var("OTEL_TRACES_EXPORTER").as_deref() {
+        None | Some("otlp") => {}
+        Some("none") => return Ok(None),
+        Some(other) => return Err(bad("OTEL_TRACES_EXPORTER", other, "\"otlp\" or \"none\"")),
+    }
+    let endpoint = if let Some(full) = var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
+        check_endpoint("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &full)?;
+        full
+    } else if let Some(base) = var("OTEL_EXPORTER_OTLP_ENDPOINT") {
+        check_endpoint("OTEL_EXPORTER_OTLP_ENDPOINT", &base)?;
+        traces_url(&base)
+    } else if let Some(base) = &settings.otlp_endpoint {
+        check_endpoint("telemetry.otlp_endpoint", base)?;
+        traces_url(base)
+    } else {
+        return Ok(None);
+    };
+    let protocol = match var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        .map(|v| ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", v))
+        .or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL").map(|v| ("OTEL_EXPORTER_OTLP_PROTOCOL", v)))
+    {
+        None => settings.protocol,
+        Some((name, v)) => OtlpProtocol::parse(&v).ok_or_else(|| {
+            bad(
+                name,
+                &v,
+                "\"http/protobuf\" or \"http/json\" (this build exports OTLP over HTTP, port 4318; gRPC is not built in)",
+            )
+        })?,
+    };
+    let sampler = match var("OTEL_TRACES_SAMPLER") {
+        None => SamplerChoice::from_percent(settings.sampling),
+        Some(name) => sampler_named(&name, var("OTEL_TRACES_SAMPLER_ARG").as_deref())?,
+    };
+    let service_name = var("OTEL_SERVICE_NAME").unwrap_or_else(|| settings.service_name.clone());
+    Ok(Some(TraceSettings {
+        endpoint,
+        protocol,
+        sampler,
+        service_name,
+    }))
+}
+
+/// [`resolve`] with the process environment.
+///
+/// # Errors
+/// As [`resolve`].
+pub fn from_process_env(
+    settings: &TelemetrySettings,
+) -> Result<Option<TraceSettings>, TelemetryError> {
+    resolve(settings, |name| std::env::var(name).ok())
+}
+
+fn bad(origin: &str, value: &str, expected: &str) -> TelemetryError {
+    TelemetryError::Traces {
+        origin: origin.to_owned(),
+        value: crate::text::one_line(&crate::text::cap_at(value, 200)).into_owned(),
+        expected: expected.to_owned(),
+    }
+}
+
+fn check_endpoint(origin: &str, value: &str) -> Result<(), TelemetryError> {
+    if crate::config::otlp_endpoint_ok(value) {
+        Ok(())
+    } else {
+        Err(bad(origin, &without_credentials(value), crate::config::OTLP_ENDPOINT))
+    }
+}
+
+/// `value` with whatever stands between `://` and `@` replaced: a URL with credentials in it
+/// is refused, and its password must not reach the message that says so.
+fn without_credentials(value: &str) -> String {
+    match (value.find("://"), value.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}***{}", &value[..scheme + 3], &value[at..])
+        }
+        _ => value.to_owned(),
+    }
+}
+
+/// The traces URL under a base endpoint, as the OTLP specification says: `/v1/traces`
+/// appended to its path.
+fn traces_url(base: &str) -> String {
+    format!("{}/v1/traces", base.trim().trim_end_matches('/'))
+}
+
+fn sampler_named(name: &str, arg: Option<&str>) -> Result<SamplerChoice, TelemetryError> {
+    let ratio = || -> Result<f64, TelemetryError> {
+        match arg {
+            None => Ok(1.0),
+            Some(a) => a
+                .parse::<f64>()
+                .ok()
+                .filter(|r| (0.0..=1.0).contains(r))
+                .ok_or_else(|| {
+                    bad(
+                        "OTEL_TRACES_SAMPLER_ARG",
+                        a,
+                        "a ratio from 0 to 1, such as 0.25",
+                    )
+                }),
+        }
+    };
+    let parent = |root| Ok(SamplerChoice::ParentBased(Box::new(root)));
+    match name {
+        "always_on" => Ok(SamplerChoice::AlwaysOn),
+        "always_off" => Ok(SamplerChoice::AlwaysOff),
+        "traceidratio" => Ok(SamplerChoice::Ratio(ratio()?)),
+        "parentbased_always_on" => parent(SamplerChoice::AlwaysOn),
+        "parentbased_always_off" => parent(SamplerChoice::AlwaysOff),
+        "parentbased_traceidratio" => parent(SamplerChoice::Ratio(ratio()?)),
+        other => Err(bad(
+            "OTEL_TRACES_SAMPLER",
+            other,
+            "always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off or parentbased_traceidratio",
+        )),
+    }
+}
+
+/// The configured sampler, except that a claim that found nothing is never kept: it is a poll,
+/// not work (the claim span records [`CLAIMED`] before the span is started, so the decision
+/// sees it).
+#[derive(Clone, Debug)]
+pub struct QuietIdle(Sampler);
+
+impl QuietIdle {
+    /// Wraps the sampler `choice` describes.
+    pub fn new(choice: &SamplerChoice) -> QuietIdle {
+        QuietIdle(choice.sampler())
+    }
+}
+
+impl ShouldSample for QuietIdle {
+    fn should_sample(
+        &self,
+        parent_context: Option<&Context>,
+        trace_id: TraceId,
+        name: &str,
+        span_kind: &SpanKind,
+        attributes: &[KeyValue],
+        links: &[Link],
+    ) -> SamplingResult {
+        let idle = name == CLAIM_SPAN
+            && attributes
+                .iter()
+                .any(|kv| kv.key.as_str() == CLAIMED && kv.value == Value::I64(0));
+        if idle {
+            return SamplingResult {
+                decision: SamplingDecision::Drop,
+                attributes: Vec::new(),
+                trace_state: Default::default(),
+            };
+        }
+        self.0
+            .should_sample(parent_context, trace_id, name, span_kind, attributes, links)
+    }
+}
+
+/// The provider of this process, once traces are installed, for [`flush`].
+static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
+
+/// A tracer provider exporting to the OTLP collector of `settings` in batches, from a thread of
+/// the SDK's own (`OTEL_BSP_*` tune the batches; `OTEL_EXPORTER_OTLP_HEADERS` and `…_TIMEOUT`
+/// are honoured).
+///
+/// # Errors
+/// [`TelemetryError::Traces`] if the exporter cannot be built.
+pub fn provider(settings: &TraceSettings) -> Result<SdkTracerProvider, TelemetryError> {
+    use opentelemetry_otlp::{Protocol, WithExportConfig};
+    // reqwest is built without a TLS provider of its own: use ring, which sqlx uses already.
+    // Err = one is installed already, which is as good.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let protocol = match settings.protocol {
+        OtlpProtocol::HttpProtobuf => Protocol::HttpBinary,
+        OtlpProtocol::HttpJson => Protocol::HttpJson,
+    };
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_endpoint(settings.endpoint.clone())
+        .with_protocol(protocol)
+        .build()
+        .map_err(|e| TelemetryError::Traces {
+            origin: "the OTLP exporter".to_owned(),
+            value: settings.endpoint.clone(),
+            expected: e.to_string(),
+        })?;
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_sampler(QuietIdle::new(&settings.sampler))
+        .with_resource(resource(&settings.service_name))
+        .build())
+}
+
+/// A tracer provider that hands every finished span to `exporter` at once (tests, with the
+/// SDK's in-memory exporter), sampling as `sampler` says.
+pub fn provider_with<E: SpanExporter + 'static>(
+    exporter: E,
+    sampler: &SamplerChoice,
+) -> SdkTracerProvider {
+    SdkTracerProvider::builder()
+        .with_simple_exporter(exporter)
+        .with_sampler(QuietIdle::new(sampler))
+        .with_resource(resource("vantage"))
+        .build()
+}
+
+fn resource(service_name: &str) -> Resource {
+    Resource::builder()
+        .with_service_name(service_name.to_owned())
+        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+        .build()
+}
+
+/// The `tracing` layer that turns the spans of [`TARGET`] into OpenTelemetry spans of
+/// `provider` (nothing else: log lines stay log lines).
+pub fn layer<S>(provider: &SdkTracerProvider) -> impl Layer<S> + Send + Sync
+where
+    S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
+{
+    tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("vantage"))
+        // Each of these is work per span that a trace viewer does not need from us.
+        .with_location(false)
+        .with_threads(false)
+        .with_level(false)
+        .with_target(false)
+        .with_tracked_inactivity(false)
+        // Entering a span would start it (and decide its sampling) at once; nothing of ours
+        // reads OpenTelemetry's current context, which is what activation is for.
+        .with_context_activation(false)
+        .with_filter(Targets::new().with_target(TARGET, tracing::Level::TRACE))
+}
+
+/// Remembers `provider` as the process's, for [`flush`] (the first one wins).
+pub(crate) fn remember(provider: SdkTracerProvider) {
+    let _ = PROVIDER.set(provider);
+}
+
+/// Exports the spans still queued and stops the exporter, waiting at most `timeout`: call it
+/// before the process exits. Nothing to do when traces are off.
+pub fn flush(timeout: Duration) {
+    if let Some(provider) = PROVIDER.get() {
+        if let Err(error) = provider.shutdown_with_timeout(timeout) {
+            eprintln!("vantage: could not export the last spans: {error}");
+        }
+    }
+}
+
+/// Reads `traceparent` and `tracestate` from an event's metadata (a JSON object).
+struct MetadataCarrier<'a>(&'a serde_json::Map<String, serde_json::Value>);
+
+impl Extractor for MetadataCarrier<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .get(key)
+            .and_then(serde_json::Value::as_str)
+            .filter(|v| v.len() <= MAX_HEADER)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(String::as_str).collect()
+    }
+}
+
+/// The producer's span context of an event whose `metadata` carries a valid W3C `traceparent`
+/// (and optionally `tracestate`); `None` otherwise (absent, too long, malformed, or all zeros).
+pub fn parent_of(metadata: &serde_json::Value) -> Option<Context> {
+    let map = metadata.as_object()?;
+    map.get("traceparent")?;
+    let cx = TraceContextPropagator::new().extract(&MetadataCarrier(map));
+    cx.span().span_context().is_valid().then_some(cx)
+}
+
+/// Writes the W3C `traceparent` (and `tracestate`, if any) of `cx` into `metadata`, for a
+/// producer: `vantage append` and the demo. Does nothing if `cx` has no valid span.
+pub fn inject(cx: &Context, metadata: &mut serde_json::Map<String, serde_json::Value>) {
+    struct Into<'a>(&'a mut serde_json::Map<String, serde_json::Value>);
+    impl Injector for Into<'_> {
+        fn set(&mut self, key: &str, value: String) {
+            self.0
+                .insert(key.to_owned(), serde_json::Value::String(value));
+        }
+    }
+    if cx.span().span_context().is_valid() {
+        TraceContextPropagator::new().inject_context(cx, &mut Into(metadata));
+    }
+}
+
+/// A `traceparent` given on a command line: the W3C format, checked.
+///
+/// # Errors
+/// A message saying what the format is.
+pub fn parse_traceparent(value: &str) -> Result<String, String> {
+    let mut map = HashMap::new();
+    map.insert("traceparent".to_owned(), value.trim().to_owned());
+    let cx = TraceContextPropagator::new().extract(&map);
+    if cx.span().span_context().is_valid() {
+        Ok(value.trim().to_owned())
+    } else {
+        Err("expected a W3C traceparent: 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>, not all zeros".to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests;

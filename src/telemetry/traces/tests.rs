@@ -1,0 +1,199 @@
+use std::collections::HashMap;
+
+use opentelemetry::trace::{TraceContextExt, TraceFlags};
+
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |name| map.get(name).cloned()
+}
+
+fn file(endpoint: Option<&str>) -> TelemetrySettings {
+    TelemetrySettings {
+        otlp_endpoint: endpoint.map(str::to_owned),
+        ..TelemetrySettings::default()
+    }
+}
+
+#[test]
+fn traces_are_off_unless_an_endpoint_is_set() {
+    assert_eq!(resolve(&file(None), env(&[])).unwrap(), None);
+    // Set but empty is unset, as the specification says.
+    assert_eq!(
+        resolve(&file(None), env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", " ")])).unwrap(),
+        None
+    );
+}
+
+#[test]
+fn the_standard_endpoint_alone_turns_traces_on_with_the_defaults() {
+    let t = resolve(
+        &file(None),
+        env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")]),
+    )
+    .unwrap()
+    .expect("on");
+    assert_eq!(t.endpoint, "http://collector:4318/v1/traces");
+    assert_eq!(t.protocol, OtlpProtocol::HttpProtobuf);
+    assert_eq!(
+        t.sampler,
+        SamplerChoice::ParentBased(Box::new(SamplerChoice::AlwaysOn))
+    );
+    assert_eq!(t.service_name, "vantage");
+}
+
+#[test]
+fn the_environment_wins_over_the_file() {
+    let settings = TelemetrySettings {
+        otlp_endpoint: Some("http://file:4318".to_owned()),
+        protocol: OtlpProtocol::HttpProtobuf,
+        sampling: Percent::parse("10%").unwrap(),
+        service_name: "from-file".to_owned(),
+    };
+    let from_file = resolve(&settings, env(&[])).unwrap().unwrap();
+    assert_eq!(from_file.endpoint, "http://file:4318/v1/traces");
+    assert_eq!(
+        from_file.sampler,
+        SamplerChoice::ParentBased(Box::new(SamplerChoice::Ratio(0.1)))
+    );
+    assert_eq!(from_file.service_name, "from-file");
+    let t = resolve(
+        &settings,
+        env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://base:4318"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "https://traces.example/x",
+            ),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+            ("OTEL_TRACES_SAMPLER", "traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+            ("OTEL_SERVICE_NAME", "orders-read-side"),
+        ]),
+    )
+    .unwrap()
+    .unwrap();
+    // The per-signal endpoint is used as it is.
+    assert_eq!(t.endpoint, "https://traces.example/x");
+    assert_eq!(t.protocol, OtlpProtocol::HttpJson);
+    assert_eq!(t.sampler, SamplerChoice::Ratio(0.25));
+    assert_eq!(t.service_name, "orders-read-side");
+    let off = resolve(&settings, env(&[("OTEL_SDK_DISABLED", "true")])).unwrap();
+    assert_eq!(off, None);
+    let none = resolve(&settings, env(&[("OTEL_TRACES_EXPORTER", "none")])).unwrap();
+    assert_eq!(none, None);
+}
+
+#[test]
+fn bad_values_name_their_variable_and_what_would_do() {
+    let on = [("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")];
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (
+            &[("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318")],
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        ),
+        (
+            &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://user:pw@c:4318")],
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        ),
+        (
+            &[on[0], ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")],
+            "gRPC is not built in",
+        ),
+        (
+            &[on[0], ("OTEL_TRACES_SAMPLER", "sometimes")],
+            "OTEL_TRACES_SAMPLER",
+        ),
+        (
+            &[
+                on[0],
+                ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "2"),
+            ],
+            "OTEL_TRACES_SAMPLER_ARG",
+        ),
+        (
+            &[on[0], ("OTEL_TRACES_EXPORTER", "zipkin")],
+            "OTEL_TRACES_EXPORTER",
+        ),
+    ];
+    for (vars, needle) in cases {
+        let e = resolve(&file(None), env(vars)).unwrap_err().to_string();
+        assert!(e.contains(needle), "{vars:?}: {e}");
+        assert!(!e.contains("pw@"), "{e}");
+    }
+}
+
+fn sampled(sampler: &QuietIdle, name: &str, attributes: &[KeyValue]) -> bool {
+    let result = sampler.should_sample(
+        None,
+        TraceId::from_bytes(7u128.to_be_bytes()),
+        name,
+        &SpanKind::Internal,
+        attributes,
+        &[],
+    );
+    result.decision == SamplingDecision::RecordAndSample
+}
+
+#[test]
+fn an_empty_claim_is_never_kept_and_everything_else_follows_the_sampler() {
+    let on = QuietIdle::new(&SamplerChoice::ParentBased(Box::new(
+        SamplerChoice::AlwaysOn,
+    )));
+    assert!(!sampled(&on, CLAIM_SPAN, &[KeyValue::new(CLAIMED, 0i64)]));
+    assert!(sampled(&on, CLAIM_SPAN, &[KeyValue::new(CLAIMED, 3i64)]));
+    assert!(sampled(
+        &on,
+        "vantage.batch",
+        &[KeyValue::new(CLAIMED, 0i64)]
+    ));
+    let off = QuietIdle::new(&SamplerChoice::AlwaysOff);
+    assert!(!sampled(&off, CLAIM_SPAN, &[KeyValue::new(CLAIMED, 3i64)]));
+}
+
+const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+#[test]
+fn a_traceparent_in_metadata_is_the_parent_and_garbage_is_ignored() {
+    let cx =
+        parent_of(&serde_json::json!({ "traceparent": PARENT, "tenant": "a" })).expect("valid");
+    let sc = cx.span().span_context().clone();
+    assert_eq!(
+        format!("{:032x}", sc.trace_id()),
+        "4bf92f3577b34da6a3ce929d0e0e4736"
+    );
+    assert_eq!(format!("{:016x}", sc.span_id()), "00f067aa0ba902b7");
+    assert!(sc.is_remote());
+    assert_eq!(sc.trace_flags(), TraceFlags::SAMPLED);
+    for bad in [
+        serde_json::json!({}),
+        serde_json::json!(null),
+        serde_json::json!("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        serde_json::json!({ "traceparent": 42 }),
+        serde_json::json!({ "traceparent": "00-00000000000000000000000000000000-00f067aa0ba902b7-01" }),
+        serde_json::json!({ "traceparent": "not a traceparent" }),
+        serde_json::json!({ "traceparent": format!("{PARENT}{}", "-x".repeat(400)) }),
+    ] {
+        assert!(parent_of(&bad).is_none(), "{bad}");
+    }
+}
+
+#[test]
+fn inject_writes_what_parent_of_reads() {
+    let cx = parent_of(&serde_json::json!({ "traceparent": PARENT })).unwrap();
+    let mut metadata = serde_json::Map::new();
+    inject(&cx, &mut metadata);
+    assert_eq!(metadata["traceparent"], PARENT);
+    let mut untouched = serde_json::Map::new();
+    inject(&Context::new(), &mut untouched);
+    assert!(untouched.is_empty());
+    assert_eq!(parse_traceparent(&format!(" {PARENT} ")).unwrap(), PARENT);
+    assert!(parse_traceparent("00-xyz")
+        .unwrap_err()
+        .contains("W3C traceparent"));
+}
