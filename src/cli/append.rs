@@ -33,6 +33,10 @@ pub struct AppendArgs {
     /// One JSON object on stdout, with the position of every appended event.
     #[arg(long)]
     pub json: bool,
+    /// A W3C traceparent (00-<trace id>-<span id>-<flags>) to put into the metadata of every
+    /// event whose metadata has none: the apply of each becomes part of that trace.
+    #[arg(long, value_name = "TRACEPARENT", value_parser = crate::telemetry::traces::parse_traceparent)]
+    pub traceparent: Option<String>,
 }
 
 /// The keys an input line may have.
@@ -80,7 +84,10 @@ pub async fn run(global: &GlobalArgs, args: AppendArgs) -> i32 {
             .map_err(|e| Failure::with_code(exit::CONFIG, e.to_string()))?;
         let input = read_input(&args).await?;
         // Everything is checked before the database is even contacted.
-        let lines = parse(&input).map_err(Failure::usage)?;
+        let mut lines = parse(&input).map_err(Failure::usage)?;
+        if let Some(traceparent) = &args.traceparent {
+            lines.iter_mut().for_each(|l| stamp(l, traceparent));
+        }
         let store = output::connect(&settings).await?;
         let result = append(&store, &lines).await;
         store.close().await;
@@ -254,6 +261,32 @@ fn parse_line(number: usize, text: &str) -> Result<Line, String> {
         raw_data,
         raw_metadata,
     })
+}
+
+/// Puts `traceparent` into the line's metadata unless it has one; the metadata as written is
+/// kept byte for byte, the key inserted first.
+fn stamp(line: &mut Line, traceparent: &str) {
+    let metadata = line
+        .event
+        .metadata
+        .get_or_insert_with(|| Value::Object(Map::new()));
+    let Value::Object(map) = metadata else {
+        return;
+    };
+    if map.contains_key("traceparent") {
+        return;
+    }
+    let was_empty = map.is_empty();
+    map.insert(
+        "traceparent".to_owned(),
+        Value::String(traceparent.to_owned()),
+    );
+    let key = format!("\"traceparent\":{}", Value::String(traceparent.to_owned()));
+    line.raw_metadata = Some(match line.raw_metadata.take() {
+        // An object's raw text starts with `{` (serde_json keeps the exact slice).
+        Some(raw) if !was_empty && raw.starts_with('{') => format!("{{{key},{}", &raw[1..]),
+        _ => format!("{{{key}}}"),
+    });
 }
 
 /// Whether a NUL character is anywhere in `v` (strings or keys).
@@ -487,5 +520,32 @@ mod tests {
             .collect();
         assert_eq!(g, vec![vec![1, 2], vec![3], vec![4], vec![5, 6]]);
         assert!(groups(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_traceparent_is_stamped_into_metadata_that_has_none_keeping_the_rest_as_written() {
+        const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        const OWN: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let input = format!(
+            "{{\"stream_id\":\"{S1}\",\"event_type\":\"A\",\"data\":1}}\n\
+             {{\"stream_id\":\"{S1}\",\"event_type\":\"A\",\"data\":1,\"metadata\":{{}}}}\n\
+             {{\"stream_id\":\"{S1}\",\"event_type\":\"A\",\"data\":1,\"metadata\":{{\"n\": 1.50}}}}\n\
+             {{\"stream_id\":\"{S1}\",\"event_type\":\"A\",\"data\":1,\"metadata\":{{\"traceparent\":\"{OWN}\"}}}}\n"
+        );
+        let mut lines = parse(input.as_bytes()).unwrap();
+        lines.iter_mut().for_each(|l| stamp(l, TP));
+        let raw: Vec<&str> = lines
+            .iter()
+            .map(|l| l.raw_metadata.as_deref().unwrap())
+            .collect();
+        assert_eq!(raw[0], format!("{{\"traceparent\":\"{TP}\"}}"));
+        assert_eq!(raw[1], format!("{{\"traceparent\":\"{TP}\"}}"));
+        // The number stays as written (1.50, not 1.5).
+        assert_eq!(raw[2], format!("{{\"traceparent\":\"{TP}\",\"n\": 1.50}}"));
+        assert_eq!(raw[3], format!("{{\"traceparent\":\"{OWN}\"}}"));
+        for (l, r) in lines.iter().zip(&raw) {
+            let parsed: Value = serde_json::from_str(r).unwrap();
+            assert_eq!(Some(&parsed), l.event.metadata.as_ref());
+        }
     }
 }

@@ -178,7 +178,11 @@ fn check_endpoint(origin: &str, value: &str) -> Result<(), TelemetryError> {
     if crate::config::otlp_endpoint_ok(value) {
         Ok(())
     } else {
-        Err(bad(origin, &without_credentials(value), crate::config::OTLP_ENDPOINT))
+        Err(bad(
+            origin,
+            &without_credentials(value),
+            crate::config::OTLP_ENDPOINT,
+        ))
     }
 }
 

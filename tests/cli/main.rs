@@ -12,6 +12,7 @@ mod dlq;
 mod golden;
 mod other;
 mod rebuild;
+mod traces;
 mod triage;
 mod usage_errors;
 mod versions;

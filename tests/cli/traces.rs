@@ -1,0 +1,223 @@
+//! One event followed from `vantage append --traceparent` to its apply in a running daemon,
+//! through an OTLP/HTTP export to a receiver in the test (docs/operations.md, "Traces"): the
+//! standard `OTEL_*` variables alone turn traces on.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::routing::post;
+use nix::sys::signal::Signal;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value;
+use opentelemetry_proto::tonic::common::v1::KeyValue;
+use prost::Message;
+
+use crate::support::fresh_database;
+use crate::support::process::{self, Daemon};
+
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const SPAN: &str = "00f067aa0ba902b7";
+
+/// One span as received: its resource's `service.name`, and the span.
+#[derive(Clone, Debug)]
+struct Received {
+    service: String,
+    span: opentelemetry_proto::tonic::trace::v1::Span,
+}
+
+type Inbox = Arc<Mutex<Vec<Received>>>;
+
+/// An OTLP/HTTP receiver on a free port: every span posted to `/v1/traces`, decoded.
+async fn receiver() -> (SocketAddr, Inbox) {
+    async fn traces(State(inbox): State<Inbox>, body: Bytes) -> Vec<u8> {
+        let request = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf request");
+        let mut inbox = inbox.lock().unwrap();
+        for rs in request.resource_spans {
+            let service = rs
+                .resource
+                .as_ref()
+                .and_then(|r| string(&r.attributes, "service.name"))
+                .unwrap_or_default();
+            for ss in rs.scope_spans {
+                for span in ss.spans {
+                    inbox.push(Received {
+                        service: service.clone(),
+                        span,
+                    });
+                }
+            }
+        }
+        // An empty ExportTraceServiceResponse.
+        Vec::new()
+    }
+    let inbox = Inbox::default();
+    let app = axum::Router::new()
+        .route("/v1/traces", post(traces))
+        .with_state(Arc::clone(&inbox));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, inbox)
+}
+
+fn string(attributes: &[KeyValue], key: &str) -> Option<String> {
+    attributes.iter().find(|kv| kv.key == key).and_then(|kv| {
+        match kv.value.as_ref()?.value.as_ref()? {
+            any_value::Value::StringValue(s) => Some(s.clone()),
+            any_value::Value::IntValue(n) => Some(n.to_string()),
+            _ => None,
+        }
+    })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_appended_events_apply_is_exported_over_otlp_http_as_a_child_of_its_traceparent() {
+    let (collector, inbox) = receiver().await;
+    let db = fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("vantage.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[database]
+url = "{url}"
+[worker]
+consumers = 1
+[http]
+listen = "127.0.0.1:0"
+
+[[perspectives]]
+name = "orders"
+read_schema = "traces_rm"
+tables = ["placed"]
+setup = "CREATE TABLE placed (stream_id uuid PRIMARY KEY)"
+events = ["OrderPlaced"]
+[perspectives.sql]
+OrderPlaced = "INSERT INTO placed (stream_id) VALUES ($2)"
+"#,
+            url = db.url
+        ),
+    )
+    .unwrap();
+    let config_arg = config.to_str().unwrap().to_owned();
+    let endpoint = format!("http://{collector}");
+    let mut daemon = Daemon::spawn(
+        process::vantage(
+            dir.path(),
+            &["--config", &config_arg, "run"],
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+                ("OTEL_SERVICE_NAME", "orders-read-side"),
+                // Export every 100 ms instead of every 5 s.
+                ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ],
+        ),
+        dir.path(),
+        "vantage",
+    );
+    daemon
+        .wait_running(Duration::from_secs(60))
+        .await
+        .expect("the daemon logs its HTTP address");
+
+    let events = dir.path().join("events.jsonl");
+    let stream = uuid::Uuid::new_v4();
+    std::fs::write(
+        &events,
+        format!("{{\"stream_id\":\"{stream}\",\"event_type\":\"OrderPlaced\",\"data\":{{}}}}\n"),
+    )
+    .unwrap();
+    let traceparent = format!("00-{TRACE}-{SPAN}-01");
+    let appended = process::run(
+        process::vantage(
+            dir.path(),
+            &[
+                "--config",
+                &config_arg,
+                "append",
+                "--file",
+                events.to_str().unwrap(),
+                "--traceparent",
+                &traceparent,
+            ],
+            &[],
+        ),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(appended.code, Some(0), "{appended:?}");
+
+    // Wait for the apply span (the exporter sends every 100 ms). A perspective with a read
+    // schema is versioned: its work (and span) is that of `orders@v1`.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let apply = loop {
+        let found = inbox
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|r| {
+                r.span.name == "apply orders@v1"
+                    && string(&r.span.attributes, "vantage.outcome").as_deref() == Some("applied")
+            })
+            .cloned();
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no applied span arrived; received: {:?}\ndaemon log:\n{}",
+            inbox
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|r| &r.span.name)
+                .collect::<Vec<_>>(),
+            daemon.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(apply.service, "orders-read-side");
+    assert_eq!(hex(&apply.span.trace_id), TRACE);
+    assert_eq!(hex(&apply.span.parent_span_id), SPAN);
+    assert_eq!(
+        string(&apply.span.attributes, "vantage.stream_id"),
+        Some(stream.to_string())
+    );
+    assert_eq!(
+        string(&apply.span.attributes, "vantage.attempts").as_deref(),
+        Some("1")
+    );
+    // Its batch and claim came too, linked.
+    let batch_id = apply
+        .span
+        .links
+        .first()
+        .map(|l| l.span_id.clone())
+        .expect("a link to the batch");
+    let all = inbox.lock().unwrap().clone();
+    let batch = all
+        .iter()
+        .find(|r| r.span.span_id == batch_id)
+        .expect("the batch span was exported");
+    assert_eq!(batch.span.name, "vantage.batch");
+    assert!(all
+        .iter()
+        .any(|r| r.span.name == "vantage.claim" && r.span.span_id == batch.span.parent_span_id));
+    // Idle claims (every poll) were not exported.
+    assert!(all
+        .iter()
+        .filter(|r| r.span.name == "vantage.claim")
+        .all(|r| { string(&r.span.attributes, "vantage.claimed").as_deref() != Some("0") }));
+
+    daemon.signal(Signal::SIGTERM);
+    assert_eq!(daemon.wait(Duration::from_secs(60)).await, Some(0));
+}
