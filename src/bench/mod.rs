@@ -113,11 +113,14 @@ pub enum Check {
     /// A versioned perspective: backfill against the drain, the live version's latency while
     /// a new one backfills, cutover and rollback time.
     Versions,
+    /// The drain with traces on (every event traced, sampled at 100 %), against it with traces
+    /// off.
+    Traces,
 }
 
 impl Check {
     /// Every check, in the order they run.
-    pub const ALL: [Check; 11] = [
+    pub const ALL: [Check; 12] = [
         Check::DeadLetter,
         Check::Parked,
         Check::Perspectives,
@@ -129,6 +132,7 @@ impl Check {
         Check::Producers,
         Check::HeldAppend,
         Check::Versions,
+        Check::Traces,
     ];
 
     /// The command-line spelling.
@@ -145,6 +149,7 @@ impl Check {
             Check::Producers => "producers",
             Check::HeldAppend => "held-append",
             Check::Versions => "versions",
+            Check::Traces => "traces",
         }
     }
 

@@ -72,6 +72,8 @@ pub struct Seed {
     pub parts: Vec<Part>,
     /// Padding per event payload.
     pub payload_bytes: u32,
+    /// Every event's metadata carries a W3C `traceparent` of its own (the traces check).
+    pub traced: bool,
 }
 
 impl Seed {
@@ -100,6 +102,7 @@ impl Seed {
                 event_type: BENCH_EVENT_TYPE.into(),
             }],
             payload_bytes,
+            traced: false,
         }
     }
 
@@ -162,6 +165,7 @@ pub async fn apply(bench: &Bench, seed: &Seed) -> Result<(), BenchError> {
             part.per_stream as i64,
             &part.event_type,
             seed.payload_bytes.min(i32::MAX as u32) as i32,
+            seed.traced,
         )
         .await?;
     }

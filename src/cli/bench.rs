@@ -44,7 +44,7 @@ pub struct BenchArgs {
     pub instances: u64,
     /// Scale and shape checks to run: all, none, or a comma-separated list of claim-scale,
     /// dead-tuples, parked, perspectives, shapes, dead-letter, latency, rss, producers,
-    /// held-append, versions.
+    /// held-append, versions, traces.
     #[arg(
         long,
         default_value = "all",

@@ -15,14 +15,31 @@ pub enum ConfigCommand {
 ///
 /// `check` prints the effective configuration (every layer merged) as TOML on stdout, the
 /// database password replaced by `***`, and exits 0; an invalid configuration prints the error,
-/// which names the key, on stderr and exits 78. It never connects to the database.
+/// which names the key, on stderr and exits 78. The `OTEL_*` variables are checked as
+/// `vantage run` reads them, and a comment line says where spans would go. It never connects
+/// to the database.
 pub async fn run(global: &GlobalArgs, cmd: ConfigCommand) -> i32 {
     match cmd {
         ConfigCommand::Check => match global.load_settings() {
-            Ok(settings) => {
-                print!("{}", settings.redacted_toml());
-                exit::OK
-            }
+            Ok(settings) => match crate::telemetry::traces::from_process_env(&settings.telemetry) {
+                Ok(traces) => {
+                    print!("{}", settings.redacted_toml());
+                    match traces {
+                        Some(t) => println!(
+                            "# traces: on, to {} ({}), service {}",
+                            crate::text::one_line(&t.endpoint),
+                            t.protocol.as_str(),
+                            crate::text::one_line(&t.service_name)
+                        ),
+                        None => println!("# traces: off (no OTLP endpoint configured)"),
+                    }
+                    exit::OK
+                }
+                Err(e) => {
+                    eprintln!("vantage: {e}");
+                    exit::CONFIG
+                }
+            },
             Err(e) => {
                 eprintln!("{e}");
                 exit::CONFIG

@@ -15,7 +15,8 @@ use super::error::ConfigError;
 use super::options::LoadOptions;
 use super::secret::scrub_secrets;
 use super::sections::{
-    CooldownSettings, DatabaseSettings, HttpSettings, LogSettings, OrphanSettings, WorkerSettings,
+    CooldownSettings, DatabaseSettings, HttpSettings, LogSettings, OrphanSettings,
+    TelemetrySettings, WorkerSettings,
 };
 use crate::connection::PG_VARS;
 
@@ -126,7 +127,7 @@ fn environment_layer(env: &HashMap<String, String>) -> Result<Map<String, Value>
 
 /// The sections environment variables and overrides can set, with their keys (serde's own
 /// field lists, so they cannot drift from the structs).
-fn settable() -> [(&'static str, &'static [&'static str]); 7] {
+fn settable() -> [(&'static str, &'static [&'static str]); 8] {
     [
         ("database", fields::<DatabaseSettings>()),
         ("worker", fields::<WorkerSettings>()),
@@ -135,6 +136,7 @@ fn settable() -> [(&'static str, &'static [&'static str]); 7] {
         ("http", fields::<HttpSettings>()),
         ("console", fields::<ConsoleSettings>()),
         ("log", fields::<LogSettings>()),
+        ("telemetry", fields::<TelemetrySettings>()),
     ]
 }
 

@@ -284,6 +284,14 @@ pub enum OtlpProtocol {
 }
 
 impl OtlpProtocol {
+    /// As `OTEL_EXPORTER_OTLP_PROTOCOL` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OtlpProtocol::HttpProtobuf => "http/protobuf",
+            OtlpProtocol::HttpJson => "http/json",
+        }
+    }
+
     /// The protocol named `s` as `OTEL_EXPORTER_OTLP_PROTOCOL` spells it.
     pub fn parse(s: &str) -> Option<OtlpProtocol> {
         match s.trim() {

@@ -11,6 +11,7 @@
 //! `worker.poll_interval` per consumer, and a trace of each poll would only bill the operator.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -19,7 +20,8 @@ use opentelemetry::trace::{Link, SpanKind, TraceContextExt, TraceId, TracerProvi
 use opentelemetry::{Context, KeyValue, Value};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
-    Sampler, SamplingDecision, SamplingResult, SdkTracerProvider, ShouldSample, SpanExporter,
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SamplingDecision, SamplingResult,
+    SdkTracerProvider, ShouldSample, SpanExporter,
 };
 use opentelemetry_sdk::Resource;
 use tracing::Subscriber;
@@ -303,11 +305,69 @@ pub fn provider(settings: &TraceSettings) -> Result<SdkTracerProvider, Telemetry
             value: settings.endpoint.clone(),
             expected: e.to_string(),
         })?;
+    // The SDK's default queue (2 048 spans) fills in a fraction of a second when every event
+    // of a busy drain is traced; a span that finds it full is dropped. 16 384 spans are about
+    // 16 MiB at most. `OTEL_BSP_MAX_QUEUE_SIZE` still decides when set.
+    let mut batches = BatchConfigBuilder::default();
+    if std::env::var_os("OTEL_BSP_MAX_QUEUE_SIZE").is_none() {
+        batches = batches.with_max_queue_size(MAX_QUEUED_SPANS);
+    }
+    let processor = BatchSpanProcessor::builder(Counted(exporter))
+        .with_batch_config(batches.build())
+        .build();
     Ok(SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
+        .with_span_processor(processor)
         .with_sampler(QuietIdle::new(&settings.sampler))
         .with_resource(resource(&settings.service_name))
         .build())
+}
+
+/// Spans waiting for export at most, unless `OTEL_BSP_MAX_QUEUE_SIZE` says otherwise.
+pub const MAX_QUEUED_SPANS: usize = 16_384;
+
+/// Spans the exporter of this process sent, and spans whose export failed.
+static EXPORTED: AtomicU64 = AtomicU64::new(0);
+static FAILED: AtomicU64 = AtomicU64::new(0);
+
+/// (spans exported, spans whose export failed) by this process so far: the bench compares
+/// them with the spans it expected, so a drop (a full queue) cannot pass for low overhead.
+pub fn exported() -> (u64, u64) {
+    (
+        EXPORTED.load(Ordering::Relaxed),
+        FAILED.load(Ordering::Relaxed),
+    )
+}
+
+/// An exporter that counts what it exports ([`exported`]).
+#[derive(Debug)]
+struct Counted<E>(E);
+
+impl<E: SpanExporter> SpanExporter for Counted<E> {
+    fn export(
+        &self,
+        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> impl std::future::Future<Output = opentelemetry_sdk::error::OTelSdkResult> + Send {
+        let n = batch.len() as u64;
+        let export = self.0.export(batch);
+        async move {
+            let result = export.await;
+            let counter = if result.is_ok() { &EXPORTED } else { &FAILED };
+            counter.fetch_add(n, Ordering::Relaxed);
+            result
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.0.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.0.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.0.set_resource(resource);
+    }
 }
 
 /// A tracer provider that hands every finished span to `exporter` at once (tests, with the

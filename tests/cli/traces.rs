@@ -221,3 +221,65 @@ OrderPlaced = "INSERT INTO placed (stream_id) VALUES ($2)"
     daemon.signal(Signal::SIGTERM);
     assert_eq!(daemon.wait(Duration::from_secs(60)).await, Some(0));
 }
+
+#[tokio::test]
+async fn otel_variables_that_cannot_be_used_stop_run_and_config_check_with_78_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "postgres://vantage:pw-s3cret@127.0.0.1:{}/db",
+        process::closed_port()
+    );
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ],
+            "OTEL_EXPORTER_OTLP_PROTOCOL = \"grpc\"",
+        ),
+        (
+            &[("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318")],
+            "OTEL_EXPORTER_OTLP_ENDPOINT = \"collector:4318\"",
+        ),
+        (
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+                ("OTEL_TRACES_SAMPLER", "sometimes"),
+            ],
+            "OTEL_TRACES_SAMPLER = \"sometimes\"",
+        ),
+    ];
+    for (env, want) in cases {
+        for command in [&["config", "check"][..], &["run"][..]] {
+            let mut args = vec!["--database-url", url.as_str()];
+            args.extend_from_slice(command);
+            let out = process::run(
+                process::vantage(dir.path(), &args, env),
+                Duration::from_secs(60),
+            )
+            .await;
+            out.assert_no_panic();
+            assert_eq!(out.code, Some(78), "{command:?} {env:?}: {out:?}");
+            assert!(out.stderr.contains(want), "{command:?}: {}", out.stderr);
+            assert!(!out.stderr.contains("pw-s3cret"), "{}", out.stderr);
+        }
+    }
+    // Set and usable: config check says where spans go.
+    let out = process::run(
+        process::vantage(
+            dir.path(),
+            &["--database-url", &url, "config", "check"],
+            &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")],
+        ),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout.contains(
+            "# traces: on, to http://collector:4318/v1/traces (http/protobuf), service vantage"
+        ),
+        "{}",
+        out.stdout
+    );
+}

@@ -135,6 +135,22 @@ fn cases() -> Vec<Case> {
             want: &["log.level = \"info,[[[\" (from ", "vantage.toml)"],
         },
         Case {
+            what: "an OTLP endpoint that is not http(s)",
+            input: Toml("[telemetry]\notlp_endpoint = \"ftp://collector:4318\""),
+            want: &[
+                "telemetry.otlp_endpoint = \"ftp://collector:4318\" (from ",
+                "http:// or https://",
+            ],
+        },
+        Case {
+            what: "an OTLP protocol this build does not speak",
+            input: Env("VANTAGE__TELEMETRY__PROTOCOL", "grpc"),
+            want: &[
+                "telemetry.protocol = \"grpc\" (from VANTAGE__TELEMETRY__PROTOCOL)",
+                "http/protobuf",
+            ],
+        },
+        Case {
             what: "PGSSLMODE garbage",
             input: EnvNoUrl("PGSSLMODE", "garbage"),
             want: &[

@@ -25,6 +25,7 @@ pub(super) async fn run(bench: &Bench) -> Result<CheckOutcome, BenchError> {
                 LANE as i64,
                 crate::store::bench::BENCH_EVENT_TYPE,
                 payload(bench) as i32,
+                false,
             )
             .await?;
         let deleted = bench.db.delete_work_after(last_live).await?;

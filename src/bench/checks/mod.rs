@@ -12,6 +12,7 @@ mod perspectives;
 mod producers;
 mod rss;
 mod shapes;
+mod traces;
 mod versions;
 
 use super::drain::DrainRun;
@@ -111,6 +112,7 @@ pub async fn run(bench: &Bench, check: Check, main: &DrainRun) -> Result<CheckOu
         Check::Producers => producers::run(bench).await,
         Check::HeldAppend => held_append::run(bench).await,
         Check::Versions => versions::run(bench).await,
+        Check::Traces => traces::run(bench).await,
     }
 }
 

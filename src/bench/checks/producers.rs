@@ -92,6 +92,7 @@ pub(super) async fn run(bench: &Bench) -> Result<CheckOutcome, BenchError> {
             event_type: "Fail".into(),
         }],
         payload_bytes: payload(bench),
+        traced: false,
     };
     seed::apply(bench, &seed).await?;
     let streams = bench.db.stream_ids("producers", STREAMS as i64).await?;

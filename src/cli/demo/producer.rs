@@ -8,8 +8,10 @@ use std::sync::Arc;
 use futures::StreamExt;
 use tokio::task::JoinHandle;
 
+use tracing::Instrument;
+
 use super::sample::Order;
-use crate::store::{Store, StoreError};
+use crate::store::{NewEvent, Store, StoreError};
 
 /// Concurrent producers appending the sample (and the producer's connections).
 pub(super) const PRODUCERS: usize = 8;
@@ -81,12 +83,14 @@ async fn append_order(
 ) -> Result<Produced, StoreError> {
     let mut produced = Produced::new();
     for (version, event) in order.events.iter().enumerate() {
+        let (span, traced) = producer_span(order.stream_id, version, event);
         let appended = store
             .append_events(
                 order.stream_id,
                 Some(version as i32),
-                std::slice::from_ref(event),
+                std::slice::from_ref(traced.as_ref().unwrap_or(event)),
             )
+            .instrument(span)
             .await?;
         for a in &appended {
             produced.first_position = produced.first_position.min(a.global_position);
@@ -104,6 +108,38 @@ async fn append_order(
         );
     }
     Ok(produced)
+}
+
+/// With traces on, the producer's span of one append (as an application's request would have)
+/// and the event with that span's `traceparent` in its metadata: the apply of the event in
+/// each perspective is then a child of it. With traces off, a disabled span and no copy.
+fn producer_span(
+    stream_id: uuid::Uuid,
+    version: usize,
+    event: &NewEvent,
+) -> (tracing::Span, Option<NewEvent>) {
+    use crate::telemetry::traces::{self, TARGET};
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    if !tracing::enabled!(target: TARGET, tracing::Level::TRACE) {
+        return (tracing::Span::none(), None);
+    }
+    let span = tracing::trace_span!(
+        target: TARGET,
+        parent: None,
+        "demo.append",
+        otel.name = %format_args!("append {}", event.event_type),
+        otel.kind = "producer",
+        vantage.stream_id = %stream_id,
+        vantage.expected_version = version as i64,
+    );
+    let mut traced = event.clone();
+    let mut metadata = match traced.metadata.take() {
+        Some(serde_json::Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    };
+    traces::inject(&span.context(), &mut metadata);
+    traced.metadata = Some(serde_json::Value::Object(metadata));
+    (span, Some(traced))
 }
 
 /// Aborts the task when dropped (an early return must not leave the producer running).

@@ -28,14 +28,20 @@ CREATE TABLE bench_applied (
 /// Seeds `per_stream` events into each of `streams` streams, round robin (version 1 of every
 /// stream, then version 2, ...), as concurrent producers would append them. Stream and event
 /// ids derive from (salt, stream, version), so a re-seed is identical. The fan-out trigger
-/// creates the work rows of every registered perspective.
+/// creates the work rows of every registered perspective. With `$6`, each event's metadata
+/// carries a W3C `traceparent` of its own (a sampled producer span), as a traced producer's
+/// would.
 const SEED: &str = "
-INSERT INTO wh_event_store (event_id, stream_id, stream_version, event_type, event_data)
+INSERT INTO wh_event_store (event_id, stream_id, stream_version, event_type, event_data, metadata)
 SELECT md5($1 || ':e:' || s || ':' || v)::uuid,
        md5($1 || ':s:' || s)::uuid,
        v,
        $4,
-       jsonb_build_object('s', s, 'v', v, 'pad', repeat('x', $5))
+       jsonb_build_object('s', s, 'v', v, 'pad', repeat('x', $5)),
+       CASE WHEN $6 THEN jsonb_build_object('traceparent',
+           '00-' || md5($1 || ':t:' || s || ':' || v) || '-'
+                 || substr(md5($1 || ':p:' || s || ':' || v), 1, 16) || '-01')
+            ELSE '{}'::jsonb END
 FROM generate_series(1, $3) AS v, generate_series(0, $2 - 1) AS s
 ORDER BY v, s";
 
@@ -115,6 +121,7 @@ impl BenchStore {
         per_stream: i64,
         event_type: &str,
         payload_bytes: i32,
+        traced: bool,
     ) -> Result<u64, StoreError> {
         let done = sqlx::query(SEED)
             .bind(salt)
@@ -122,6 +129,7 @@ impl BenchStore {
             .bind(per_stream)
             .bind(event_type)
             .bind(payload_bytes)
+            .bind(traced)
             .execute(self.pool())
             .await
             .map_err(map_db_error)?;
