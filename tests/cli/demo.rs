@@ -18,8 +18,8 @@ const ORDERS: i64 = 2000;
 /// Far above the expected few seconds, below the test's budget.
 const TIMEOUT: Duration = Duration::from_secs(90);
 
-struct Run {
-    code: Option<i32>,
+pub(crate) struct Run {
+    pub(crate) code: Option<i32>,
     pid: u32,
     stdout: String,
     stderr: String,
@@ -37,7 +37,7 @@ impl fmt::Display for Run {
 
 /// Runs `vantage demo --once` from the crate root (where `config/demo.toml` is), killing it
 /// after [`TIMEOUT`].
-fn run_demo(configure: impl FnOnce(&mut Command)) -> Run {
+pub(crate) fn run_demo(configure: impl FnOnce(&mut Command)) -> Run {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_vantage"));
     cmd.args(["demo", "--once"]);
     demo_environment(&mut cmd);

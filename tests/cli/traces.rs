@@ -283,3 +283,48 @@ async fn otel_variables_that_cannot_be_used_stop_run_and_config_check_with_78_na
         out.stdout
     );
 }
+
+/// The README's promise: the demo with a trace endpoint shows each append with the applies of
+/// its event under it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_with_an_endpoint_exports_each_append_with_its_applies_under_it() {
+    let (collector, inbox) = receiver().await;
+    let db = fresh_database().await;
+    let url = db.url.clone();
+    let endpoint = format!("http://{collector}");
+    let run = tokio::task::spawn_blocking(move || {
+        crate::demo::run_demo(|cmd| {
+            cmd.args(["--orders", "30"])
+                .env("DATABASE_URL", &url)
+                .env("VANTAGE__HTTP__LISTEN", "127.0.0.1:0")
+                .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+                .env("OTEL_BSP_SCHEDULE_DELAY", "100");
+        })
+    })
+    .await
+    .expect("the demo runner");
+    assert_eq!(run.code, Some(0), "{run}");
+    // The demo exits after flushing its spans: everything is in by now.
+    let spans = inbox.lock().unwrap().clone();
+    let appends: std::collections::HashMap<(Vec<u8>, Vec<u8>), &Received> = spans
+        .iter()
+        .filter(|r| r.span.name.starts_with("append "))
+        .map(|r| ((r.span.trace_id.clone(), r.span.span_id.clone()), r))
+        .collect();
+    assert!(
+        !appends.is_empty(),
+        "no producer span among {} spans",
+        spans.len()
+    );
+    let under_an_append = spans
+        .iter()
+        .filter(|r| r.span.name.starts_with("apply "))
+        .filter(|r| appends.contains_key(&(r.span.trace_id.clone(), r.span.parent_span_id.clone())))
+        .count();
+    assert!(
+        under_an_append >= appends.len(),
+        "{under_an_append} applies under {} appends (every event reaches at least one perspective)",
+        appends.len()
+    );
+    assert!(spans.iter().all(|r| r.service == "vantage"));
+}
