@@ -10,5 +10,4 @@ mod bench_smoke;
 mod drain;
 mod hardening;
 mod samples;
-mod traces;
 mod typed_perspective;

@@ -2,7 +2,14 @@
 //! (docs/operations.md, "Traces"): the span tree the pipeline exports.
 //!
 //! The subscriber is this test's own (`set_default` on a current-thread runtime, so every task
-//! of the test runs under it), never the global one.
+//! of the test runs under it), never the global one. A binary of its own: in a process where
+//! other tests install subscribers while this one runs, `tracing` rebuilds every callsite's
+//! interest, and a span created during a rebuild can come out disabled (a claim missing under
+//! its batch), which is the test harness's race, not the daemon's (a daemon sets its one
+//! subscriber once, at start).
+
+#[path = "../support/mod.rs"]
+mod support;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
