@@ -4,7 +4,7 @@
 //! Only spans of the target [`TARGET`] are exported, at `TRACE` level: with traces off, no
 //! layer wants them, so `tracing` never builds them (a callsite check, not an allocation per
 //! event), and no log line changes. The spans themselves are the pipeline's
-//! ([`crate::pipeline::spans`]): claims, batches, dead-letter moves, and the apply of each event
+//! (`pipeline/spans.rs`): claims, batches, dead-letter moves, and the apply of each event
 //! whose metadata carries a W3C `traceparent` ([`parent_of`]).
 //!
 //! A claim that found nothing is not exported ([`QuietIdle`]): an idle daemon polls every
