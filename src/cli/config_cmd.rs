@@ -27,7 +27,7 @@ pub async fn run(global: &GlobalArgs, cmd: ConfigCommand) -> i32 {
                     match traces {
                         Some(t) => println!(
                             "# traces: on, to {} ({}), service {}",
-                            crate::text::one_line(&t.endpoint),
+                            crate::text::one_line(&without_query(&t.endpoint)),
                             t.protocol.as_str(),
                             crate::text::one_line(&t.service_name)
                         ),
@@ -45,5 +45,17 @@ pub async fn run(global: &GlobalArgs, cmd: ConfigCommand) -> i32 {
                 exit::CONFIG
             }
         },
+    }
+}
+
+/// `endpoint` without its query string: a collector's API key is sometimes passed there, and
+/// `config check` never prints a secret.
+fn without_query(endpoint: &str) -> String {
+    match url::Url::parse(endpoint) {
+        Ok(mut u) if u.query().is_some() => {
+            u.set_query(None);
+            format!("{u}?***")
+        }
+        _ => endpoint.to_owned(),
     }
 }

@@ -58,6 +58,10 @@ pub const PERSPECTIVE_VERSION_BEHIND: &str = "vantage_perspective_version_behind
 /// Gauge: the version readers of a versioned perspective see (0 while none is live), label
 /// `perspective`.
 pub const PERSPECTIVE_LIVE_VERSION: &str = "vantage_perspective_live_version";
+/// Counter: spans the trace exporter sent to the collector (traces on only).
+pub const TRACE_SPANS_EXPORTED_TOTAL: &str = "vantage_trace_spans_exported_total";
+/// Counter: spans whose export failed (the collector unreachable or refusing them).
+pub const TRACE_SPANS_FAILED_TOTAL: &str = "vantage_trace_spans_failed_total";
 
 /// Upper bounds (seconds) of [`APPEND_TO_APPLIED_SECONDS`]: 25 ms to an hour. A lag SLO's
 /// threshold must be one of them (an SLO counts the events in its bucket), so they are the
@@ -100,6 +104,8 @@ pub const ALL: &[&str] = &[
     BUILD_INFO,
     PERSPECTIVE_VERSION_BEHIND,
     PERSPECTIVE_LIVE_VERSION,
+    TRACE_SPANS_EXPORTED_TOTAL,
+    TRACE_SPANS_FAILED_TOTAL,
 ];
 
 /// Registers the help text and unit of every metric in [`ALL`] with the installed recorder
@@ -113,6 +119,16 @@ pub(crate) fn describe_all() {
         DEAD_LETTER_MOVES_TOTAL,
         Unit::Count,
         "Work rows moved to the dead letters, by perspective and reason."
+    );
+    describe_counter!(
+        TRACE_SPANS_EXPORTED_TOTAL,
+        Unit::Count,
+        "Spans the trace exporter sent to the OTLP collector (traces on only)."
+    );
+    describe_counter!(
+        TRACE_SPANS_FAILED_TOTAL,
+        Unit::Count,
+        "Spans whose export to the OTLP collector failed (unreachable, or refused)."
     );
     describe_counter!(
         DEAD_LETTER_MOVE_ERRORS_TOTAL,

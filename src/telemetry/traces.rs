@@ -29,6 +29,7 @@ use tracing_subscriber::filter::Targets;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
+use super::metrics as m;
 use super::recorder::TelemetryError;
 use crate::config::{OtlpProtocol, Percent, TelemetrySettings};
 
@@ -338,7 +339,31 @@ pub fn exported() -> (u64, u64) {
     )
 }
 
-/// An exporter that counts what it exports ([`exported`]).
+/// When the last export failure was logged (seconds since the Unix epoch; 0 = never).
+static LAST_FAILURE_LOGGED: AtomicU64 = AtomicU64::new(0);
+
+/// One WARN line per minute at most for failing exports: a collector that is down must not
+/// flood the log (every batch fails), nor go unnoticed.
+fn warn_export_failed(error: &opentelemetry_sdk::error::OTelSdkError, spans: u64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = LAST_FAILURE_LOGGED.load(Ordering::Relaxed);
+    if now.saturating_sub(last) >= 60
+        && LAST_FAILURE_LOGGED
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        let error = error.to_string();
+        tracing::warn!(
+            spans,
+            error = %crate::text::cap_at(&error, 512),
+            "could not export spans to the OTLP collector; they are dropped (vantage_trace_spans_failed_total counts them; this line repeats at most once a minute)"
+        );
+    }
+}
+
+/// An exporter that counts what it exports ([`exported`], and the metrics).
 #[derive(Debug)]
 struct Counted<E>(E);
 
@@ -351,8 +376,17 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
         let export = self.0.export(batch);
         async move {
             let result = export.await;
-            let counter = if result.is_ok() { &EXPORTED } else { &FAILED };
-            counter.fetch_add(n, Ordering::Relaxed);
+            match &result {
+                Ok(()) => {
+                    EXPORTED.fetch_add(n, Ordering::Relaxed);
+                    metrics::counter!(m::TRACE_SPANS_EXPORTED_TOTAL).increment(n);
+                }
+                Err(error) => {
+                    FAILED.fetch_add(n, Ordering::Relaxed);
+                    metrics::counter!(m::TRACE_SPANS_FAILED_TOTAL).increment(n);
+                    warn_export_failed(error, n);
+                }
+            }
             result
         }
     }

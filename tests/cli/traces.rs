@@ -77,9 +77,17 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_appended_events_apply_is_exported_over_otlp_http_as_a_child_of_its_traceparent() {
-    let (collector, inbox) = receiver().await;
+/// A running daemon exporting spans to `endpoint` (every 100 ms), with one versioned SQL
+/// perspective `orders` (its work is that of `orders@v1`), its directory and configuration.
+struct Traced {
+    daemon: Daemon,
+    dir: tempfile::TempDir,
+    config: String,
+    addr: SocketAddr,
+    _db: crate::support::TestDatabase,
+}
+
+async fn traced_daemon(endpoint: &str) -> Traced {
     let db = fresh_database().await;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("vantage.toml");
@@ -107,14 +115,13 @@ OrderPlaced = "INSERT INTO placed (stream_id) VALUES ($2)"
         ),
     )
     .unwrap();
-    let config_arg = config.to_str().unwrap().to_owned();
-    let endpoint = format!("http://{collector}");
+    let config = config.to_str().unwrap().to_owned();
     let mut daemon = Daemon::spawn(
         process::vantage(
             dir.path(),
-            &["--config", &config_arg, "run"],
+            &["--config", &config, "run"],
             &[
-                ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
                 ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
                 ("OTEL_SERVICE_NAME", "orders-read-side"),
                 // Export every 100 ms instead of every 5 s.
@@ -124,30 +131,39 @@ OrderPlaced = "INSERT INTO placed (stream_id) VALUES ($2)"
         dir.path(),
         "vantage",
     );
-    daemon
+    let addr = daemon
         .wait_running(Duration::from_secs(60))
         .await
         .expect("the daemon logs its HTTP address");
+    Traced {
+        daemon,
+        dir,
+        config,
+        addr,
+        _db: db,
+    }
+}
 
-    let events = dir.path().join("events.jsonl");
+/// `vantage append --traceparent` of one `OrderPlaced` to a new stream, which it returns.
+async fn append_traced(t: &Traced, traceparent: &str) -> uuid::Uuid {
+    let events = t.dir.path().join("events.jsonl");
     let stream = uuid::Uuid::new_v4();
     std::fs::write(
         &events,
         format!("{{\"stream_id\":\"{stream}\",\"event_type\":\"OrderPlaced\",\"data\":{{}}}}\n"),
     )
     .unwrap();
-    let traceparent = format!("00-{TRACE}-{SPAN}-01");
     let appended = process::run(
         process::vantage(
-            dir.path(),
+            t.dir.path(),
             &[
                 "--config",
-                &config_arg,
+                &t.config,
                 "append",
                 "--file",
                 events.to_str().unwrap(),
                 "--traceparent",
-                &traceparent,
+                traceparent,
             ],
             &[],
         ),
@@ -155,6 +171,14 @@ OrderPlaced = "INSERT INTO placed (stream_id) VALUES ($2)"
     )
     .await;
     assert_eq!(appended.code, Some(0), "{appended:?}");
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_appended_events_apply_is_exported_over_otlp_http_as_a_child_of_its_traceparent() {
+    let (collector, inbox) = receiver().await;
+    let mut t = traced_daemon(&format!("http://{collector}")).await;
+    let stream = append_traced(&t, &format!("00-{TRACE}-{SPAN}-01")).await;
 
     // Wait for the apply span (the exporter sends every 100 ms). A perspective with a read
     // schema is versioned: its work (and span) is that of `orders@v1`.
@@ -181,7 +205,7 @@ OrderPlaced = "INSERT INTO placed (stream_id) VALUES ($2)"
                 .iter()
                 .map(|r| &r.span.name)
                 .collect::<Vec<_>>(),
-            daemon.log_tail(30)
+            t.daemon.log_tail(30)
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
@@ -218,8 +242,46 @@ OrderPlaced = "INSERT INTO placed (stream_id) VALUES ($2)"
         .filter(|r| r.span.name == "vantage.claim")
         .all(|r| { string(&r.span.attributes, "vantage.claimed").as_deref() != Some("0") }));
 
-    daemon.signal(Signal::SIGTERM);
-    assert_eq!(daemon.wait(Duration::from_secs(60)).await, Some(0));
+    t.daemon.signal(Signal::SIGTERM);
+    assert_eq!(t.daemon.wait(Duration::from_secs(60)).await, Some(0));
+}
+
+/// A collector that is down loses spans, never the drain: the event is applied, the failure is
+/// counted and said once (not once per batch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_is_down_is_counted_and_logged_and_the_drain_goes_on() {
+    let closed = format!("http://127.0.0.1:{}", process::closed_port());
+    let mut t = traced_daemon(&closed).await;
+    for _ in 0..3 {
+        append_traced(&t, &format!("00-{TRACE}-{SPAN}-01")).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, metrics) = process::http_get(t.addr, "/metrics").await.unwrap();
+        assert_eq!(status, 200);
+        let failed = process::metric_value(&metrics, "vantage_trace_spans_failed_total", &[]);
+        let applied = process::metric_value(
+            &metrics,
+            "vantage_events_applied_total",
+            &[("perspective", "orders@v1")],
+        );
+        if failed > 0.0 && applied >= 3.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "failed spans {failed}, applied {applied}; log:\n{}",
+            t.daemon.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = t.daemon.log_text();
+    let warnings = log
+        .matches("could not export spans to the OTLP collector")
+        .count();
+    assert_eq!(warnings, 1, "{log}");
+    t.daemon.signal(Signal::SIGTERM);
+    assert_eq!(t.daemon.wait(Duration::from_secs(60)).await, Some(0));
 }
 
 #[tokio::test]

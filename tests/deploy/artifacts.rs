@@ -69,7 +69,10 @@ fn emit_every_metric() {
             | m::LANES_REPAIRED_TOTAL => {
                 metrics::counter!(name, m::LABEL_PERSPECTIVE => P).increment(1);
             }
-            m::DEAD_LETTER_MOVE_ERRORS_TOTAL | m::LEASES_RELEASED_TOTAL => {
+            m::DEAD_LETTER_MOVE_ERRORS_TOTAL
+            | m::LEASES_RELEASED_TOTAL
+            | m::TRACE_SPANS_EXPORTED_TOTAL
+            | m::TRACE_SPANS_FAILED_TOTAL => {
                 metrics::counter!(name).increment(1);
             }
             m::APPLY_DURATION_SECONDS => {
