@@ -75,18 +75,14 @@ const WORK_ROW_NAMES: [&str; 12] = [
 /// The select list of the claims that return [`WorkRow`]s, over the claim function's rows `g`
 /// (a macro, for `concat!`).
 ///
-/// `queued_for` reads the work row's `created_at` by its key (the claim function does not
-/// return it), one index probe per row in the same round trip. The subquery sees this
-/// statement's snapshot, taken before the function ran: a row committed while the claim ran
-/// (and leased by it) is invisible to it and counts as just queued, which it was, within the
-/// claim's few milliseconds.
+/// `queued_for` is measured from the work row's `created_at`, which the claim function returns
+/// as its last column, `queued_at` (migration 0015; before it, a correlated subquery read it
+/// back, one index probe per claimed row).
 macro_rules! work_row_columns {
     () => {
         "g.event_work_id, g.stream_id, g.event_id, g.perspective_name, g.global_position, \
          g.stream_version, g.event_type, g.event_data, g.metadata, g.attempts, g.failures, \
-         coalesce(extract(epoch FROM clock_timestamp() - \
-             (SELECT pe.created_at FROM wh_perspective_events pe \
-              WHERE pe.event_work_id = g.event_work_id)), 0)::float8 AS queued_for"
+         coalesce(extract(epoch FROM clock_timestamp() - g.queued_at), 0)::float8 AS queued_for"
     };
 }
 

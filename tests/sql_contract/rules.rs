@@ -327,6 +327,64 @@ async fn first_claim_sets_attempts_to_one() -> TestResult {
     Ok(())
 }
 
+/// Each claimed row says how long its work row has been queued: `get_stream_events` returns the
+/// row's `created_at` as `queued_at` (migration 0015), in the daemon's claim and in the
+/// named-stream form, and the daemon's `queued_for` is measured from it (where
+/// `vantage_append_to_applied_seconds` starts). Catches: the claim returning another time as
+/// `queued_at` (its lease, `now()`), a row's time given to another row, and `queued_at` lost on
+/// the way to the result.
+#[tokio::test]
+async fn a_claim_returns_when_each_row_was_queued() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["*"]).await?;
+    let a = live_instance(store).await?;
+    let old = Uuid::new_v4();
+    let new = Uuid::new_v4();
+    append(store, old, &["A", "A"]).await?;
+    append(store, new, &["A"]).await?;
+    let backdated = poke(
+        store,
+        "UPDATE wh_perspective_events SET created_at = now() - interval '1 hour' \
+         WHERE stream_id = ANY ($1)",
+        &[old],
+    )
+    .await?;
+    assert_eq!(backdated, 2);
+
+    let rows = store.claim_work(a, LEASE, 10, 10, None).await?;
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    for row in &rows {
+        let queued = row
+            .queued_for
+            .expect("the store knows when a row was queued");
+        if row.stream_id == old {
+            assert!(
+                (3600.0..3660.0).contains(&queued.as_secs_f64()),
+                "queued an hour ago: {queued:?}"
+            );
+        } else {
+            assert!(
+                queued < Duration::from_secs(60),
+                "queued just now: {queued:?}"
+            );
+        }
+    }
+
+    // The named-stream form returns the same column, for the rows it returns.
+    let same: Vec<bool> = sqlx::query_scalar(
+        "SELECT g.queued_at = pe.created_at \
+         FROM get_stream_events($1, $2, 60) g \
+         JOIN wh_perspective_events pe ON pe.event_work_id = g.event_work_id",
+    )
+    .bind(a.0)
+    .bind(vec![old, new])
+    .fetch_all(store.pool())
+    .await?;
+    assert_eq!(same, vec![true; 3]);
+    Ok(())
+}
+
 /// Rule 2. Fetching rows still validly leased to the caller changes neither attempts nor
 /// lease_expiry, whichever claim function fetches them. Catches: re-extending valid own leases
 /// (lease_expiry moves), bumping attempts on own rows, claim_orphaned re-acquiring own lanes.
