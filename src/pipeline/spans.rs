@@ -13,7 +13,8 @@
 //!   pass's outcome is durable (`vantage.outcome`: applied, failed, dead_lettered, released),
 //!   or with `rolled_back` when the pass was given up and the event is tried again.
 
-use opentelemetry::trace::TraceContextExt;
+use opentelemetry::trace::{Link, Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
+use opentelemetry::{Context, KeyValue};
 use tracing::field::Empty;
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -100,8 +101,12 @@ enum Pending {
 
 /// The apply span of one traced event in one pass (see the module's text). Dropped: ended with
 /// the outcome, if the pass committed ([`ApplySpan::durable`]), else `rolled_back`.
+///
+/// Made with the SDK's tracer directly rather than through `tracing`: with every event
+/// traced, this span is made once per row on the drain's path, and the `tracing` layer's own
+/// bookkeeping per span cost more than the span itself.
 pub(crate) struct ApplySpan {
-    span: Span,
+    span: opentelemetry_sdk::trace::Span,
     pending: Option<Pending>,
     durable: bool,
 }
@@ -113,35 +118,33 @@ impl ApplySpan {
             return None;
         }
         let producer = traces::parent_of(&ev.metadata)?;
-        // Few attributes, each small: with every event traced, the spans' size is most of
-        // what tracing costs (encoding and sending them). The event id, stream version and
-        // failure count are in the database under the position.
-        let span = tracing::trace_span!(
-            target: TARGET,
-            parent: None,
-            "vantage.apply",
-            otel.name = %format_args!("apply {}", ev.perspective_name),
-            otel.kind = "consumer",
-            otel.status_code = Empty,
-            otel.status_description = Empty,
-            vantage.perspective = ev.perspective_name.as_str(),
-            vantage.stream_id = %ev.stream_id,
-            vantage.global_position = ev.global_position,
-            vantage.event_type = ev.event_type.as_str(),
-            vantage.attempts = ev.attempts,
-            vantage.outcome = Empty,
-        );
+        let tracer = traces::DirectTracer::current()?;
         let batch = Span::current().context().span().span_context().clone();
-        if ev.attempts <= 1 && ev.failures == 0 {
-            let _ = span.set_parent(producer);
-        } else {
-            span.add_link(producer.span().span_context().clone());
+        let first = ev.attempts <= 1 && ev.failures == 0;
+        let mut links = Vec::with_capacity(2);
+        if !first {
+            links.push(Link::with_context(producer.span().span_context().clone()));
         }
         if batch.is_valid() {
-            span.add_link(batch);
+            links.push(Link::with_context(batch));
         }
+        // Few attributes, each small: with every event traced, the spans' size is most of
+        // what exporting them costs. The event id, stream version and failure count are in
+        // the database under the position.
+        let builder = tracer
+            .span_builder(format!("apply {}", ev.perspective_name))
+            .with_kind(SpanKind::Consumer)
+            .with_links(links)
+            .with_attributes([
+                KeyValue::new("vantage.perspective", ev.perspective_name.clone()),
+                KeyValue::new("vantage.stream_id", ev.stream_id.to_string()),
+                KeyValue::new("vantage.global_position", ev.global_position),
+                KeyValue::new("vantage.event_type", ev.event_type.clone()),
+                KeyValue::new("vantage.attempts", i64::from(ev.attempts)),
+            ]);
+        let parent = if first { producer } else { Context::new() };
         Some(ApplySpan {
-            span,
+            span: builder.start_with_context(&tracer, &parent),
             pending: None,
             durable: false,
         })
@@ -171,30 +174,22 @@ impl ApplySpan {
 
 impl Drop for ApplySpan {
     fn drop(&mut self) {
-        let span = &self.span;
-        if !self.durable {
-            span.record("vantage.outcome", "rolled_back");
-            return;
+        let (outcome, status) = if !self.durable {
+            ("rolled_back", None)
+        } else {
+            match self.pending.take() {
+                Some(Pending::Applied) => ("applied", Some(Status::Ok)),
+                Some(Pending::Failed(error)) => ("failed", Some(Status::error(error))),
+                Some(Pending::DeadLettered(error)) => ("dead_lettered", Some(Status::error(error))),
+                // Reached but not decided: given back behind a failure of its lane.
+                None => ("released", None),
+            }
+        };
+        self.span
+            .set_attribute(KeyValue::new("vantage.outcome", outcome));
+        if let Some(status) = status {
+            self.span.set_status(status);
         }
-        match self.pending.take() {
-            Some(Pending::Applied) => {
-                span.record("vantage.outcome", "applied");
-                span.record("otel.status_code", "OK");
-            }
-            Some(Pending::Failed(error)) => {
-                span.record("vantage.outcome", "failed");
-                span.record("otel.status_code", "ERROR");
-                span.record("otel.status_description", error.as_str());
-            }
-            Some(Pending::DeadLettered(error)) => {
-                span.record("vantage.outcome", "dead_lettered");
-                span.record("otel.status_code", "ERROR");
-                span.record("otel.status_description", error.as_str());
-            }
-            // Reached but not decided: given back behind a failure of its lane.
-            None => {
-                span.record("vantage.outcome", "released");
-            }
-        }
+        self.span.end();
     }
 }

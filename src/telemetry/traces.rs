@@ -442,6 +442,28 @@ where
         // reads OpenTelemetry's current context, which is what activation is for.
         .with_context_activation(false)
         .with_filter(Targets::new().with_target(TARGET, tracing::Level::TRACE))
+        .and_then(
+            DirectTracer(provider.tracer("vantage"))
+                .with_filter(Targets::new().with_target(TARGET, tracing::Level::TRACE)),
+        )
+}
+
+/// The tracer of [`layer`]'s provider, found through the current `tracing` dispatcher: the
+/// pipeline makes the span of each event's apply with it directly, not through `tracing`,
+/// because with every event traced the layer's own bookkeeping per span (a registry entry,
+/// field visitors, a builder kept in the span's extensions) was most of tracing's cost on the
+/// drain's path. A layer that does nothing; its filter keeps it out of every callsite's
+/// interest, so it changes nothing for log lines.
+#[derive(Clone)]
+pub(crate) struct DirectTracer(pub(crate) opentelemetry_sdk::trace::SdkTracer);
+
+impl<S: Subscriber> Layer<S> for DirectTracer {}
+
+impl DirectTracer {
+    /// The tracer of the current dispatcher's trace layer, if it has one.
+    pub(crate) fn current() -> Option<opentelemetry_sdk::trace::SdkTracer> {
+        tracing::dispatcher::get_default(|d| d.downcast_ref::<DirectTracer>().map(|t| t.0.clone()))
+    }
 }
 
 /// Remembers `provider` as the process's, for [`flush`] (the first one wins).
