@@ -517,6 +517,85 @@ async fn a_backfills_diverted_rows_are_replays() -> TestResult {
     Ok(())
 }
 
+/// Migration 0016 drops and recreates the claim functions (their result gains `replay`): an
+/// installation's grants and comments on them survive it, and work rows queued before it are
+/// first deliveries (`replay` false). Catches: a migration that leaves the functions with the
+/// default ACL (PUBLIC can execute again, the daemon role's grant is gone), a lost comment, and
+/// a default that marks existing rows as replays.
+#[tokio::test]
+async fn migration_0016_keeps_the_claims_grants_and_comments() -> TestResult {
+    let db = support::fresh_database().await;
+    let store = connect(&db, "vantage").await?;
+    sqlx::query("CREATE SCHEMA vantage")
+        .execute(store.pool())
+        .await?;
+    let before_0016 = sqlx::migrate::Migrator {
+        migrations: std::borrow::Cow::Owned(
+            MIGRATOR
+                .iter()
+                .filter(|m| m.version < 16)
+                .cloned()
+                .collect(),
+        ),
+        ..sqlx::migrate::Migrator::DEFAULT
+    };
+    before_0016.run(store.pool()).await?;
+    perspective(&store, "P1", &["*"]).await?;
+    let queued = append(&store, Uuid::new_v4(), &["A"]).await?;
+
+    let role = format!(
+        "vantage_claimer_{}",
+        &Uuid::new_v4().simple().to_string()[..8]
+    );
+    const CLAIM: &str = "get_stream_events(uuid,uuid[],integer,text[],integer,integer,integer)";
+    const NAMED: &str = "wh_get_named_stream_events(uuid,uuid[],integer,text[],integer)";
+    sqlx::raw_sql(&format!(
+        "CREATE ROLE {role}; \
+         REVOKE ALL ON FUNCTION {CLAIM} FROM PUBLIC; GRANT EXECUTE ON FUNCTION {CLAIM} TO {role}; \
+         REVOKE ALL ON FUNCTION {NAMED} FROM PUBLIC; GRANT EXECUTE ON FUNCTION {NAMED} TO {role}; \
+         COMMENT ON FUNCTION {CLAIM} IS 'the claim, say the operators'"
+    ))
+    .execute(store.pool())
+    .await?;
+
+    let result = async {
+        store.migrate().await?;
+        for f in [CLAIM, NAMED] {
+            let (role_can, public_can): (bool, bool) = sqlx::query_as(&format!(
+                "SELECT has_function_privilege('{role}', '{f}', 'EXECUTE'), \
+                        coalesce((SELECT bool_or(a.grantee = 0) FROM pg_proc p, \
+                                  aclexplode(p.proacl) a WHERE p.oid = '{f}'::regprocedure), true)"
+            ))
+            .fetch_one(store.pool())
+            .await?;
+            assert!(role_can, "{f}: the role's grant is kept");
+            assert!(!public_can, "{f}: PUBLIC's revoke is kept");
+        }
+        let comment: Option<String> = sqlx::query_scalar(&format!(
+            "SELECT obj_description('{CLAIM}'::regprocedure, 'pg_proc')"
+        ))
+        .fetch_one(store.pool())
+        .await?;
+        assert_eq!(comment.as_deref(), Some("the claim, say the operators"));
+        let replay: bool =
+            sqlx::query_scalar("SELECT replay FROM wh_perspective_events WHERE event_id = $1")
+                .bind(queued[0].event_id)
+                .fetch_one(store.pool())
+                .await?;
+        assert!(!replay, "a row queued before 0016 is a first delivery");
+        anyhow::Ok(())
+    }
+    .await;
+    // (roles are the cluster's, not the test database's)
+    sqlx::raw_sql(&format!(
+        "REVOKE ALL ON FUNCTION {CLAIM} FROM {role}; REVOKE ALL ON FUNCTION {NAMED} FROM {role}; \
+         DROP ROLE {role}"
+    ))
+    .execute(store.pool())
+    .await?;
+    result
+}
+
 /// Rule 2. Fetching rows still validly leased to the caller changes neither attempts nor
 /// lease_expiry, whichever claim function fetches them. Catches: re-extending valid own leases
 /// (lease_expiry moves), bumping attempts on own rows, claim_orphaned re-acquiring own lanes.
