@@ -597,6 +597,7 @@ mod tests {
             metadata: json!({}),
             attempts: 1,
             failures: 0,
+            replay: false,
         };
         let err = InventoryLevels::postgres()
             .apply(&envelope, &mut ApplyTx::none())

@@ -7,6 +7,12 @@
 //!
 //! It counts events per type into `example.event_counts`, appends a few events, waits until the
 //! daemon has applied them, prints the read model and shuts the daemon down gracefully.
+//!
+//! A second perspective, `receipts`, has a side effect outside the database (it would email a
+//! receipt for every checkout; here it prints one). It shows the pattern for such effects: the
+//! envelope's `replay` is true when the event is delivered again to rebuild state (the history
+//! `vantage perspectives rebuild` re-queues after its reset), and the effect already happened
+//! then, so it is skipped; a live event has `replay` false.
 
 use std::time::Duration;
 
@@ -55,6 +61,42 @@ impl Perspective for EventCounts {
     }
 }
 
+/// Emails a receipt for every checkout (prints it, in this example). The email leaves the
+/// database, so it cannot roll back with the apply: it is sent only for a live event, never for
+/// a replay (see `EventEnvelope::replay`).
+struct Receipts;
+
+#[async_trait]
+impl Perspective for Receipts {
+    fn name(&self) -> &str {
+        "receipts"
+    }
+
+    fn event_types(&self) -> Vec<String> {
+        vec!["CheckedOut".into()]
+    }
+
+    async fn apply(&self, event: &EventEnvelope, _tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
+        // A read model of its own, written through `tx`, would be updated for replays too:
+        // the rebuild's reset cleared it. Only the outside effect depends on `replay`.
+        if event.replay {
+            println!(
+                "receipt for cart {}: sent when it checked out; not again (replay)",
+                event.stream_id
+            );
+        } else {
+            println!("receipt for cart {}: sent", event.stream_id);
+        }
+        Ok(())
+    }
+
+    fn effects_in_transaction(&self) -> bool {
+        // The email is not in the transaction: the cooldown keeps its mark even if the
+        // completion fails, so a re-claimed row is not emailed twice.
+        false
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     // Keep the throwaway server (if any) alive for the whole run.
@@ -83,6 +125,7 @@ async fn main() -> anyhow::Result<()> {
         .store(store.clone())
         .without_http()
         .perspective(EventCounts)
+        .perspective(Receipts)
         .start()
         .await?;
 

@@ -153,5 +153,8 @@ pub(super) fn envelope(dl: &DeadLetter, event: StoredEvent) -> EventEnvelope {
         metadata: event.metadata,
         attempts: dl.attempts_when_dlq,
         failures: dl.failures_when_dlq,
+        // An operator's retry of an event whose apply never committed: its effects are wanted
+        // (docs/pipeline.md, "Replays").
+        replay: false,
     }
 }

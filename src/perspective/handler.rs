@@ -36,6 +36,18 @@ pub struct EventEnvelope {
     pub attempts: i32,
     /// How many apply failures were recorded before this delivery.
     pub failures: i32,
+    /// Whether this delivery replays history the perspective already had: true for every event
+    /// `vantage perspectives rebuild` queues again after its reset (and for the rows a version's
+    /// backfill diverts to the drain; versioned perspectives are SQL only, so no Rust
+    /// perspective sees those). False for a live event (the producer's append), for an event
+    /// still queued when the rebuild began (it was never delivered), and for a dead letter's
+    /// requeue or replay (its apply never committed: the operator retrying it wants its
+    /// effects). The flag belongs to the work row, so it holds across retries and takeovers.
+    ///
+    /// A perspective with side effects outside the database (an email, a webhook, a message)
+    /// rebuilds its read model as usual when `replay` is true but skips those effects: they
+    /// happened when the event was first applied. See `examples/rust_perspective.rs`.
+    pub replay: bool,
 }
 
 /// What a handler's failure means for the event.
@@ -94,6 +106,8 @@ impl ApplyError {
 ///
 /// `apply` runs inside the transaction that also completes the event's work row, so effects
 /// written through `tx` are exactly-once. Events of one stream arrive in `stream_version` order.
+/// During a rebuild's catch-up, [`EventEnvelope::replay`] is true: effects outside the database
+/// belong in the `!event.replay` case.
 /// On the in-memory store there is no transaction ([`ApplyTx::has_database`] is false, and
 /// [`ApplyTx::connection`] fails permanently).
 #[async_trait]

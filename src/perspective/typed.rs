@@ -44,6 +44,10 @@ pub struct TypedEnvelope<E> {
     pub attempts: i32,
     /// How many apply failures were recorded before this delivery.
     pub failures: i32,
+    /// Whether this delivery replays history the perspective already had (a rebuild's
+    /// catch-up): skip side effects outside the database when it is true. See
+    /// [`EventEnvelope::replay`].
+    pub replay: bool,
 }
 
 impl<E: DeserializeOwned> TypedEnvelope<E> {
@@ -67,6 +71,7 @@ impl<E: DeserializeOwned> TypedEnvelope<E> {
     ///     metadata: serde_json::json!({}),
     ///     attempts: 1,
     ///     failures: 0,
+    ///     replay: false,
     /// };
     /// let err = TypedEnvelope::<Ev>::decode(&raw).unwrap_err();
     /// assert_eq!(
@@ -89,6 +94,7 @@ impl<E: DeserializeOwned> TypedEnvelope<E> {
             metadata: envelope.metadata.clone(),
             attempts: envelope.attempts,
             failures: envelope.failures,
+            replay: envelope.replay,
         })
     }
 }
@@ -268,7 +274,8 @@ pub trait TypedPerspective: Send + Sync + 'static {
     fn event_types(&self) -> Vec<String>;
 
     /// Applies one event, in stream order. Effects written through `tx` commit together with
-    /// the completion of the event's work row (exactly once).
+    /// the completion of the event's work row (exactly once); effects outside the database
+    /// belong in the `!event.replay` case ([`TypedEnvelope::replay`]).
     async fn apply(
         &self,
         event: &TypedEnvelope<Self::Event>,

@@ -227,6 +227,7 @@ mod tests {
             attempts,
             failures: 0,
             queued_for: None,
+            replay: false,
         }
     }
 

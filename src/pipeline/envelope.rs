@@ -72,5 +72,6 @@ pub fn from_row(row: WorkRow) -> Result<EventEnvelope, EnvelopeError> {
             .unwrap_or_else(|| serde_json::Value::Object(Default::default())),
         attempts: row.attempts,
         failures: row.failures,
+        replay: row.replay,
     })
 }

@@ -421,6 +421,7 @@ mod tests {
             attempts: 1,
             failures: 0,
             queued_for: None,
+            replay: false,
         }
     }
 

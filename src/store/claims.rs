@@ -54,10 +54,14 @@ pub struct WorkRow {
     /// again): where `vantage_append_to_applied_seconds` starts. `None` when the store does not
     /// know (the memory store, whose clock is the test's).
     pub queued_for: Option<std::time::Duration>,
+    /// Whether this row re-delivers history the perspective already had (a rebuild's re-queue, a
+    /// version backfill's diverted rows; migration 0016): see
+    /// [`EventEnvelope::replay`](crate::perspective::EventEnvelope::replay).
+    pub replay: bool,
 }
 
 /// The columns of a [`WorkRow`], in the order the claims select them (`work_row_columns!`).
-const WORK_ROW_NAMES: [&str; 12] = [
+const WORK_ROW_NAMES: [&str; 13] = [
     "event_work_id",
     "stream_id",
     "event_id",
@@ -70,6 +74,7 @@ const WORK_ROW_NAMES: [&str; 12] = [
     "attempts",
     "failures",
     "queued_for",
+    "replay",
 ];
 
 /// The select list of the claims that return [`WorkRow`]s, over the claim function's rows `g`
@@ -77,17 +82,18 @@ const WORK_ROW_NAMES: [&str; 12] = [
 ///
 /// `queued_for` is measured from the work row's `created_at`, which the claim function returns
 /// as its last column, `queued_at` (migration 0015; before it, a correlated subquery read it
-/// back, one index probe per claimed row).
+/// back, one index probe per claimed row); `replay` is the claim's last column since 0016.
 macro_rules! work_row_columns {
     () => {
         "g.event_work_id, g.stream_id, g.event_id, g.perspective_name, g.global_position, \
          g.stream_version, g.event_type, g.event_data, g.metadata, g.attempts, g.failures, \
-         coalesce(extract(epoch FROM clock_timestamp() - g.queued_at), 0)::float8 AS queued_for"
+         coalesce(extract(epoch FROM clock_timestamp() - g.queued_at), 0)::float8 AS queued_for, \
+         g.replay"
     };
 }
 
 /// Reads the columns by position when the row has them in `WORK_ROW_NAMES` order (the claims
-/// here), by name otherwise: a lookup by name hashes the name (SipHash), eleven times a row,
+/// here), by name otherwise: a lookup by name hashes the name (SipHash), once per column and row,
 /// which was a visible part of the daemon's CPU for a claim of 500 rows.
 impl<'r> sqlx::FromRow<'r, PgRow> for WorkRow {
     fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
@@ -122,6 +128,7 @@ impl<'r> sqlx::FromRow<'r, PgRow> for WorkRow {
             // Negative only if the database's clock stepped back.
             queued_for: get::<Option<f64>>(row, positional, 11)?
                 .map(|s| std::time::Duration::from_secs_f64(s.clamp(0.0, 1e9))),
+            replay: get(row, positional, 12)?,
         })
     }
 }

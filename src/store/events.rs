@@ -177,7 +177,9 @@ pub async fn append_events_in(
 /// `(after, up_to]`, at most `limit` of them (a batch of a rebuild), inside the caller's
 /// transaction. Events already queued for it are left alone, and so are events with an open
 /// dead letter for it (an operator decides those: replaying or requeuing them later must not
-/// apply them a second time). Returns (rows queued, the last position examined) — `None` when
+/// apply them a second time). The rows queued are replays (`wh_perspective_events.replay`,
+/// migration 0016): the perspective had these events before its reset, so one with side effects
+/// does not repeat them; an event left alone keeps its row and its flag. Returns (rows queued, the last position examined) — `None` when
 /// there was nothing more to examine.
 pub async fn requeue_history_batch_in(
     conn: &mut sqlx::PgConnection,
@@ -196,8 +198,8 @@ pub async fn requeue_history_batch_in(
              ORDER BY e.global_position LIMIT $4), \
          ins AS ( \
              INSERT INTO wh_perspective_events \
-                 (stream_id, event_id, global_position, stream_version, perspective_name) \
-             SELECT b.stream_id, b.event_id, b.global_position, b.stream_version, $1 \
+                 (stream_id, event_id, global_position, stream_version, perspective_name, replay) \
+             SELECT b.stream_id, b.event_id, b.global_position, b.stream_version, $1, true \
              FROM batch b \
              WHERE NOT EXISTS (SELECT 1 FROM wh_dead_letters d \
                                WHERE d.source_table = 'wh_perspective_events' \

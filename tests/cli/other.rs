@@ -48,6 +48,7 @@ async fn drain(env: &Env, perspective: &str) {
             metadata: e.metadata,
             attempts: 1,
             failures: 0,
+            replay: false,
         };
         let mut tx = env.store.pool().begin().await.unwrap();
         if handler

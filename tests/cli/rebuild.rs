@@ -431,3 +431,45 @@ async fn a_rebuild_killed_while_requeueing_leaves_the_perspective_unclaimed_unti
     );
     daemon.shutdown().await.unwrap();
 }
+
+/// (stream_version, replay) of the rows a claim returns for `stream` (migration 0016).
+async fn claimed_replay(env: &Env, instance: InstanceId, stream: Uuid) -> Vec<(i32, bool)> {
+    sqlx::query_as(
+        "SELECT g.stream_version, g.replay FROM get_stream_events($1, $2, 60) g \
+         ORDER BY g.stream_version",
+    )
+    .bind(instance.0)
+    .bind(vec![stream])
+    .fetch_all(env.store.pool())
+    .await
+    .unwrap()
+}
+
+/// Issue 21 item 5. Every event `perspectives rebuild` delivers again is claimed with `replay`
+/// true (a perspective with side effects skips them), while an event appended after the rebuild,
+/// and one still queued when it began (never delivered), are claimed with `replay` false.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuilds_redeliveries_are_replays_and_later_events_are_not() {
+    let env = env().await;
+    let daemon = env.daemon().await;
+    let s = Uuid::new_v4();
+    env.append_ticks(s, 3).await;
+    wait_drained(&env).await;
+    daemon.shutdown().await.unwrap();
+    // Appended while no daemon runs: still queued when the rebuild starts.
+    env.append_ticks(s, 1).await;
+
+    let run = finished(env.start_rebuild()).await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    env.append_ticks(s, 1).await;
+
+    let instance = InstanceId::new();
+    env.store
+        .heartbeat(instance, &InstanceInfo::current("vantage-test"))
+        .await
+        .unwrap();
+    assert_eq!(
+        claimed_replay(&env, instance, s).await,
+        [(1, true), (2, true), (3, true), (4, false), (5, false)]
+    );
+}

@@ -235,3 +235,139 @@ async fn a_payload_that_does_not_deserialize_is_dead_lettered_at_once_with_serde
             .unwrap();
     assert_eq!((balance, last_version), (7, 5));
 }
+
+/// Sends a receipt (here: records it in `sent`) for every `CheckedOut`, and logs every delivery
+/// with its `replay` flag in `typed.receipt_log`. The receipt is an effect outside the database:
+/// it is sent only when the event is not a replay.
+struct Receipts {
+    sent: std::sync::Arc<std::sync::Mutex<Vec<Uuid>>>,
+}
+
+#[derive(Debug, Deserialize)]
+enum CartEvent {
+    CheckedOut,
+}
+
+#[async_trait]
+impl TypedPerspective for Receipts {
+    type Event = CartEvent;
+
+    fn name(&self) -> &str {
+        "receipts"
+    }
+
+    fn event_types(&self) -> Vec<String> {
+        vec!["CheckedOut".into()]
+    }
+
+    async fn apply(
+        &self,
+        event: &TypedEnvelope<CartEvent>,
+        tx: &mut ApplyTx<'_>,
+    ) -> Result<(), ApplyError> {
+        sqlx::query("INSERT INTO typed.receipt_log (event_id, replay) VALUES ($1, $2)")
+            .bind(event.event_id)
+            .bind(event.replay)
+            .execute(tx.connection()?)
+            .await
+            .map_err(ApplyError::from_sqlx)?;
+        if !event.replay {
+            self.sent.lock().unwrap().push(event.event_id);
+        }
+        Ok(())
+    }
+
+    fn effects_in_transaction(&self) -> bool {
+        false
+    }
+}
+
+/// Issue 21 item 5: a Rust perspective sees whether an event is a replay. After the rebuild's
+/// re-queue of its history (`requeue_history_batch_in`, what `perspectives rebuild` runs after
+/// its reset), every event is delivered again with `replay` true and no receipt is sent twice;
+/// an event appended afterwards is delivered with `replay` false and gets its receipt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rust_perspective_is_told_which_deliveries_replay_history() {
+    let env = Env::migrated().await;
+    env.exec(
+        "CREATE SCHEMA typed; CREATE TABLE typed.receipt_log (seq bigserial PRIMARY KEY, \
+         event_id uuid NOT NULL, replay boolean NOT NULL)",
+    )
+    .await;
+    let sent = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let daemon = DaemonBuilder::new(support::fast_settings(&env.url, ""))
+        .store(env.store.clone())
+        .without_http()
+        .perspective(Typed(Receipts { sent: sent.clone() }))
+        .start()
+        .await
+        .expect("daemon starts");
+    let log = |replay: bool| {
+        let pool = env.store.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, Uuid>(
+                "SELECT event_id FROM typed.receipt_log WHERE replay = $1 ORDER BY seq",
+            )
+            .bind(replay)
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+        }
+    };
+
+    // (streams are applied in parallel: compare as sets)
+    let sorted = |mut ids: Vec<Uuid>| {
+        ids.sort();
+        ids
+    };
+    let mut history = Vec::new();
+    for _ in 0..3 {
+        history.extend(
+            env.append(Uuid::new_v4(), &[("CheckedOut", json!({}))])
+                .await,
+        );
+    }
+    drain(&env).await;
+    let up_to = history.iter().map(|e| e.global_position).max().unwrap();
+    let history = sorted(history.iter().map(|e| e.event_id).collect());
+    assert_eq!(
+        sorted(sent.lock().unwrap().clone()),
+        history,
+        "one receipt per checkout"
+    );
+
+    // The rebuild's re-queue, on the running daemon (it wakes the daemon itself).
+    let mut conn = env.store.pool().acquire().await.unwrap();
+    let (queued, _) =
+        vantage::internals::store::requeue_history_batch_in(&mut conn, "receipts", 0, up_to, 100)
+            .await
+            .unwrap();
+    drop(conn);
+    assert_eq!(queued, 3);
+    drain(&env).await;
+    assert_eq!(
+        sorted(log(true).await),
+        history,
+        "every event delivered again, as a replay"
+    );
+    assert_eq!(
+        sorted(sent.lock().unwrap().clone()),
+        history,
+        "no receipt sent twice"
+    );
+
+    // A new checkout after the rebuild is live.
+    let later = env
+        .append(Uuid::new_v4(), &[("CheckedOut", json!({}))])
+        .await[0]
+        .event_id;
+    drain(&env).await;
+    let live = sorted(history.iter().copied().chain([later]).collect());
+    assert_eq!(sorted(log(false).await), live);
+    assert_eq!(
+        sorted(sent.lock().unwrap().clone()),
+        live,
+        "the new checkout gets its receipt"
+    );
+    daemon.shutdown().await.unwrap();
+}

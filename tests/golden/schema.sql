@@ -73,7 +73,8 @@ CREATE TABLE wh_perspective_events (
     lease_expiry timestamp with time zone,
     scheduled_for timestamp with time zone NOT NULL DEFAULT now(),
     created_at timestamp with time zone NOT NULL DEFAULT now(),
-    refundable boolean NOT NULL DEFAULT false
+    refundable boolean NOT NULL DEFAULT false,
+    replay boolean NOT NULL DEFAULT false
 );
 
 -- table wh_perspective_lanes WITH (fillfactor=50, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=500, autovacuum_analyze_scale_factor=0.02)
@@ -417,8 +418,8 @@ BEGIN
     -- The batch's events of this version's types that have no work row of it yet; those to
     -- divert become work rows first (in position order, as the fan-out writes them).
     INSERT INTO wh_perspective_events
-        (stream_id, event_id, global_position, stream_version, perspective_name)
-    SELECT e.stream_id, e.event_id, e.global_position, e.stream_version, v.registry_name
+        (stream_id, event_id, global_position, stream_version, perspective_name, replay)
+    SELECT e.stream_id, e.event_id, e.global_position, e.stream_version, v.registry_name, true
     FROM wh_event_store e
     WHERE e.global_position > v.backfill_position AND e.global_position <= v_last
       AND (e.event_type = ANY (v.event_types) OR '*' = ANY (v.event_types))
@@ -550,7 +551,7 @@ $function$
 
 -- function get_stream_events(uuid,uuid[],integer,text[],integer,integer,integer)
 CREATE OR REPLACE FUNCTION vantage.get_stream_events(p_instance_id uuid, p_stream_ids uuid[], p_lease_seconds integer, p_perspective_names text[] DEFAULT NULL::text[], p_max_rows integer DEFAULT NULL::integer, p_max_lanes integer DEFAULT NULL::integer, p_per_lane integer DEFAULT NULL::integer)
- RETURNS TABLE(event_work_id uuid, stream_id uuid, event_id uuid, perspective_name text, global_position bigint, stream_version integer, event_type text, event_data jsonb, metadata jsonb, attempts integer, failures integer, queued_at timestamp with time zone)
+ RETURNS TABLE(event_work_id uuid, stream_id uuid, event_id uuid, perspective_name text, global_position bigint, stream_version integer, event_type text, event_data jsonb, metadata jsonb, attempts integer, failures integer, queued_at timestamp with time zone, replay boolean)
  LANGUAGE plpgsql
  SET lock_timeout TO '5s'
  SET search_path TO 'vantage', 'pg_temp'
@@ -585,6 +586,7 @@ DECLARE
     v_u_p        text[];
     v_u_v        int[];
     v_u_q        timestamptz[];
+    v_u_r        boolean[];
     v_l_s        uuid[];
     v_l_p        text[];
     v_gap        uuid[];
@@ -600,6 +602,7 @@ DECLARE
     v_all_p      text[] := '{}';
     v_all_v      int[] := '{}';
     v_all_q      timestamptz[] := '{}';
+    v_all_r      boolean[] := '{}';
     v_rounds     int := 0;
     v_pass       int;
 BEGIN
@@ -724,13 +727,13 @@ BEGIN
                           END
                     RETURNING pe.event_work_id, pe.event_id, pe.global_position, pe.attempts,
                               pe.failures, pe.stream_id, pe.perspective_name, pe.stream_version,
-                              pe.created_at)
+                              pe.created_at, pe.replay)
                 SELECT array_agg(l.event_work_id), array_agg(l.event_id),
                        array_agg(l.global_position), array_agg(l.attempts), array_agg(l.failures),
                        array_agg(l.stream_id), array_agg(l.perspective_name),
-                       array_agg(l.stream_version), array_agg(l.created_at)
+                       array_agg(l.stream_version), array_agg(l.created_at), array_agg(l.replay)
                 INTO v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures, v_u_s, v_u_p, v_u_v,
-                     v_u_q
+                     v_u_q, v_u_r
                 FROM leased l;
             EXCEPTION WHEN lock_not_available THEN
                 WITH locked AS (
@@ -757,13 +760,13 @@ BEGIN
                     WHERE pe.event_work_id = locked.event_work_id
                     RETURNING pe.event_work_id, pe.event_id, pe.global_position, pe.attempts,
                               pe.failures, pe.stream_id, pe.perspective_name, pe.stream_version,
-                              pe.created_at)
+                              pe.created_at, pe.replay)
                 SELECT array_agg(l.event_work_id), array_agg(l.event_id),
                        array_agg(l.global_position), array_agg(l.attempts), array_agg(l.failures),
                        array_agg(l.stream_id), array_agg(l.perspective_name),
-                       array_agg(l.stream_version), array_agg(l.created_at)
+                       array_agg(l.stream_version), array_agg(l.created_at), array_agg(l.replay)
                 INTO v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures, v_u_s, v_u_p, v_u_v,
-                     v_u_q
+                     v_u_q, v_u_r
                 FROM leased l;
             END;
             PERFORM set_config('lock_timeout', v_lock_timeout, true);
@@ -791,12 +794,12 @@ BEGIN
                     WHERE pe.event_work_id = ANY (v_gap);
                     SELECT array_agg(u.id), array_agg(u.ev), array_agg(u.gp), array_agg(u.att),
                            array_agg(u.fail), array_agg(u.sid), array_agg(u.pname), array_agg(u.v),
-                           array_agg(u.q)
+                           array_agg(u.q), array_agg(u.rp)
                     INTO v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures, v_u_s, v_u_p, v_u_v,
-                         v_u_q
+                         v_u_q, v_u_r
                     FROM unnest(v_u_id, v_u_event, v_u_gp, v_u_attempts, v_u_failures, v_u_s,
-                                v_u_p, v_u_v, v_u_q)
-                         AS u(id, ev, gp, att, fail, sid, pname, v, q)
+                                v_u_p, v_u_v, v_u_q, v_u_r)
+                         AS u(id, ev, gp, att, fail, sid, pname, v, q, rp)
                     WHERE NOT u.id = ANY (v_gap);
                 END IF;
             END IF;
@@ -815,6 +818,7 @@ BEGIN
             v_all_p := v_all_p || v_u_p;
             v_all_v := v_all_v || v_u_v;
             v_all_q := v_all_q || v_u_q;
+            v_all_r := v_all_r || v_u_r;
             -- The lanes we leased from, once (steps 5 and 6 join on them).
             SELECT array_agg(l.sid), array_agg(l.pname) INTO v_l_s, v_l_p
             FROM (SELECT DISTINCT u.sid, u.pname FROM unnest(v_u_s, v_u_p) AS u(sid, pname)) l;
@@ -897,10 +901,10 @@ BEGIN
     --    the work rows).
     RETURN QUERY
     SELECT r.id, r.sid, r.ev, r.pname, r.gp, r.v, e.event_type, e.event_data, e.metadata,
-           r.att, r.fail, r.q
+           r.att, r.fail, r.q, r.rp
     FROM unnest(v_all, v_all_event, v_all_gp, v_all_attempts, v_all_failures, v_all_s, v_all_p,
-                v_all_v, v_all_q)
-         AS r(id, ev, gp, att, fail, sid, pname, v, q)
+                v_all_v, v_all_q, v_all_r)
+         AS r(id, ev, gp, att, fail, sid, pname, v, q, rp)
     -- (the events in one index scan by the positions, not one scan per row)
     LEFT JOIN (SELECT e.global_position, e.event_id, e.event_type, e.event_data, e.metadata
                FROM wh_event_store e
@@ -1680,7 +1684,7 @@ $function$
 
 -- function wh_get_named_stream_events(uuid,uuid[],integer,text[],integer)
 CREATE OR REPLACE FUNCTION vantage.wh_get_named_stream_events(p_instance_id uuid, p_stream_ids uuid[], p_lease_seconds integer, p_perspective_names text[] DEFAULT NULL::text[], p_max_rows integer DEFAULT NULL::integer)
- RETURNS TABLE(event_work_id uuid, stream_id uuid, event_id uuid, perspective_name text, global_position bigint, stream_version integer, event_type text, event_data jsonb, metadata jsonb, attempts integer, failures integer, queued_at timestamp with time zone)
+ RETURNS TABLE(event_work_id uuid, stream_id uuid, event_id uuid, perspective_name text, global_position bigint, stream_version integer, event_type text, event_data jsonb, metadata jsonb, attempts integer, failures integer, queued_at timestamp with time zone, replay boolean)
  LANGUAGE plpgsql
  SET search_path TO 'vantage', 'pg_temp'
 AS $function$
@@ -1809,7 +1813,7 @@ BEGIN
     RETURN QUERY
     SELECT pe.event_work_id, pe.stream_id, pe.event_id, pe.perspective_name,
            pe.global_position, pe.stream_version, ev.event_type, ev.event_data,
-           ev.metadata, pe.attempts, pe.failures, pe.created_at
+           ev.metadata, pe.attempts, pe.failures, pe.created_at, pe.replay
     FROM wh_perspective_events pe
     LEFT JOIN wh_event_store ev ON ev.global_position = pe.global_position
                                AND ev.event_id = pe.event_id

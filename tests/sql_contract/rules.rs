@@ -385,6 +385,217 @@ async fn a_claim_returns_when_each_row_was_queued() -> TestResult {
     Ok(())
 }
 
+/// (event_id, replay) of the rows a claim returns: the daemon's claim (`streams` None) or the
+/// named-stream form, in the claim's order.
+async fn claimed_replay(
+    store: &Store,
+    instance: InstanceId,
+    streams: Option<&[Uuid]>,
+) -> anyhow::Result<Vec<(Uuid, bool)>> {
+    Ok(sqlx::query_as(
+        "SELECT g.event_id, g.replay FROM get_stream_events($1, $2, 60, NULL, 100, 100) g",
+    )
+    .bind(instance.0)
+    .bind(streams)
+    .fetch_all(store.pool())
+    .await?)
+}
+
+/// Each claimed row says whether it re-delivers history (migration 0016): the rows a rebuild
+/// re-queues (`requeue_history_batch_in`) are claimed with `replay` true, a live event appended
+/// afterwards and a requeued dead letter with `replay` false, by the daemon's claim, the
+/// named-stream form and into the daemon's `WorkRow`. An event still queued when the rebuild
+/// re-queues keeps its row, and so stays a first delivery. Catches: a rebuild's rows queued as
+/// live, the fan-out or a dead-letter requeue marking rows as replays, and the flag lost (or
+/// given to another row) on the way to the claim's result.
+#[tokio::test]
+async fn a_claim_says_which_rows_replay_history() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["*"]).await?;
+    let a = live_instance(store).await?;
+    let s = Uuid::new_v4();
+    let applied = append(store, s, &["A", "B"]).await?;
+    let first = claim_streams(store, a, &[s]).await?;
+    assert_eq!(
+        vantage::internals::leases::complete(store.pool(), a, &ids_of(&first)).await?,
+        2
+    );
+    let pending = append(store, s, &["C"]).await?;
+
+    // What a rebuild does after its reset: the history queued again.
+    let position = pending[0].global_position;
+    let mut conn = store.pool().acquire().await?;
+    let (queued, _) =
+        vantage::internals::store::requeue_history_batch_in(&mut conn, "P1", 0, position, 100)
+            .await?;
+    drop(conn);
+    assert_eq!(queued, 2, "C is still queued: its row is left alone");
+    let live = append(store, s, &["D"]).await?;
+
+    let expected = vec![
+        (applied[0].event_id, true),
+        (applied[1].event_id, true),
+        (pending[0].event_id, false),
+        (live[0].event_id, false),
+    ];
+    assert_eq!(claimed_replay(store, a, None).await?, expected);
+    // The named-stream form (our own valid leases, returned again) says the same.
+    assert_eq!(claimed_replay(store, a, Some(&[s])).await?, expected);
+    // And so does the daemon's row.
+    let rows = fetch(store, a, &[s]).await?;
+    let got: Vec<(Uuid, bool)> = rows.iter().map(|r| (r.event_id, r.replay)).collect();
+    assert_eq!(got, expected);
+
+    // A dead letter's requeue is an operator's retry of an event whose apply never committed:
+    // a first delivery, not a replay (docs/pipeline.md, "Replays").
+    let head = rows[0].event_work_id;
+    let MoveOutcome::Moved(dl) = vantage::internals::leases::move_to_dead_letters(
+        store.pool(),
+        a,
+        head,
+        FAILURE_MAX_ATTEMPTS,
+        "x",
+    )
+    .await?
+    else {
+        panic!("moved");
+    };
+    assert!(store.requeue_dead_letter(dl, "ops").await?);
+    let replay: bool =
+        sqlx::query_scalar("SELECT replay FROM wh_perspective_events WHERE event_id = $1")
+            .bind(applied[0].event_id)
+            .fetch_one(store.pool())
+            .await?;
+    assert!(!replay, "a requeued dead letter is not a replay");
+    Ok(())
+}
+
+/// A version's backfill (SQL only: versioned perspectives are SQL perspectives) applies history
+/// directly, but the events of a batch it diverts become work rows that re-deliver history:
+/// they are claimed with `replay` true, while the fan-out's rows for events appended after the
+/// registration are claimed with `replay` false. Catches: diverted rows queued as live, and the
+/// fan-out's rows of a version marked as replays.
+#[tokio::test]
+async fn a_backfills_diverted_rows_are_replays() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    let a = live_instance(store).await?;
+    let s = Uuid::new_v4();
+    let history = append(store, s, &["Placed", "Placed"]).await?;
+    sqlx::query(
+        "SELECT register_perspective_version('orders', 1, 'rm', ARRAY['orders'], \
+         ARRAY['Placed'], $1, 'CREATE TABLE orders (event_id uuid PRIMARY KEY)')",
+    )
+    .bind(json!({"Placed": "INSERT INTO orders (event_id) VALUES ($3)"}))
+    .execute(store.pool())
+    .await?;
+    let live = append(store, s, &["Placed"]).await?;
+    // Every batch diverted (as after a batch that could not be applied), until the version is
+    // live; the backfill waits first for transactions older than the registration.
+    let mut outcome = String::new();
+    for _ in 0..500 {
+        outcome = sqlx::query_scalar(
+            "SELECT outcome FROM backfill_perspective_version('orders', 1, 10, true)",
+        )
+        .fetch_one(store.pool())
+        .await?;
+        if outcome == "live" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(outcome, "live");
+    assert_eq!(
+        claimed_replay(store, a, None).await?,
+        vec![
+            (history[0].event_id, true),
+            (history[1].event_id, true),
+            (live[0].event_id, false),
+        ]
+    );
+    Ok(())
+}
+
+/// Migration 0016 drops and recreates the claim functions (their result gains `replay`): an
+/// installation's grants and comments on them survive it, and work rows queued before it are
+/// first deliveries (`replay` false). Catches: a migration that leaves the functions with the
+/// default ACL (PUBLIC can execute again, the daemon role's grant is gone), a lost comment, and
+/// a default that marks existing rows as replays.
+#[tokio::test]
+async fn migration_0016_keeps_the_claims_grants_and_comments() -> TestResult {
+    let db = support::fresh_database().await;
+    let store = connect(&db, "vantage").await?;
+    sqlx::query("CREATE SCHEMA vantage")
+        .execute(store.pool())
+        .await?;
+    let before_0016 = sqlx::migrate::Migrator {
+        migrations: std::borrow::Cow::Owned(
+            MIGRATOR
+                .iter()
+                .filter(|m| m.version < 16)
+                .cloned()
+                .collect(),
+        ),
+        ..sqlx::migrate::Migrator::DEFAULT
+    };
+    before_0016.run(store.pool()).await?;
+    perspective(&store, "P1", &["*"]).await?;
+    let queued = append(&store, Uuid::new_v4(), &["A"]).await?;
+
+    let role = format!(
+        "vantage_claimer_{}",
+        &Uuid::new_v4().simple().to_string()[..8]
+    );
+    const CLAIM: &str = "get_stream_events(uuid,uuid[],integer,text[],integer,integer,integer)";
+    const NAMED: &str = "wh_get_named_stream_events(uuid,uuid[],integer,text[],integer)";
+    sqlx::raw_sql(&format!(
+        "CREATE ROLE {role}; \
+         REVOKE ALL ON FUNCTION {CLAIM} FROM PUBLIC; GRANT EXECUTE ON FUNCTION {CLAIM} TO {role}; \
+         REVOKE ALL ON FUNCTION {NAMED} FROM PUBLIC; GRANT EXECUTE ON FUNCTION {NAMED} TO {role}; \
+         COMMENT ON FUNCTION {CLAIM} IS 'the claim, say the operators'"
+    ))
+    .execute(store.pool())
+    .await?;
+
+    let result = async {
+        store.migrate().await?;
+        for f in [CLAIM, NAMED] {
+            let (role_can, public_can): (bool, bool) = sqlx::query_as(&format!(
+                "SELECT has_function_privilege('{role}', '{f}', 'EXECUTE'), \
+                        coalesce((SELECT bool_or(a.grantee = 0) FROM pg_proc p, \
+                                  aclexplode(p.proacl) a WHERE p.oid = '{f}'::regprocedure), true)"
+            ))
+            .fetch_one(store.pool())
+            .await?;
+            assert!(role_can, "{f}: the role's grant is kept");
+            assert!(!public_can, "{f}: PUBLIC's revoke is kept");
+        }
+        let comment: Option<String> = sqlx::query_scalar(&format!(
+            "SELECT obj_description('{CLAIM}'::regprocedure, 'pg_proc')"
+        ))
+        .fetch_one(store.pool())
+        .await?;
+        assert_eq!(comment.as_deref(), Some("the claim, say the operators"));
+        let replay: bool =
+            sqlx::query_scalar("SELECT replay FROM wh_perspective_events WHERE event_id = $1")
+                .bind(queued[0].event_id)
+                .fetch_one(store.pool())
+                .await?;
+        assert!(!replay, "a row queued before 0016 is a first delivery");
+        anyhow::Ok(())
+    }
+    .await;
+    // (roles are the cluster's, not the test database's)
+    sqlx::raw_sql(&format!(
+        "REVOKE ALL ON FUNCTION {CLAIM} FROM {role}; REVOKE ALL ON FUNCTION {NAMED} FROM {role}; \
+         DROP ROLE {role}"
+    ))
+    .execute(store.pool())
+    .await?;
+    result
+}
+
 /// Rule 2. Fetching rows still validly leased to the caller changes neither attempts nor
 /// lease_expiry, whichever claim function fetches them. Catches: re-extending valid own leases
 /// (lease_expiry moves), bumping attempts on own rows, claim_orphaned re-acquiring own lanes.

@@ -228,6 +228,8 @@ impl State {
                 attempts: row.attempts,
                 failures: row.failures,
                 queued_for: None,
+                // (the memory store has no rebuild and no versions: every row is a first delivery)
+                replay: false,
             });
         }
         out.sort_by(|a, b| {
