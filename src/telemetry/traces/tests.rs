@@ -197,3 +197,70 @@ fn inject_writes_what_parent_of_reads() {
         .unwrap_err()
         .contains("W3C traceparent"));
 }
+
+/// The hand-read `traceparent` against the SDK's propagator: the same context for every valid
+/// header (flags, tracestate and remoteness included), and none for what W3C calls invalid.
+#[test]
+fn parent_of_reads_a_traceparent_exactly_as_the_sdk_propagator_does() {
+    let sdk = |metadata: &serde_json::Value| {
+        let map = metadata.as_object().unwrap();
+        let cx = TraceContextPropagator::new().extract(&MetadataCarrier(map));
+        let sc = cx.span().span_context().clone();
+        sc.is_valid().then_some(sc)
+    };
+    let ours = |metadata: &serde_json::Value| {
+        parent_of(metadata).map(|cx| cx.span().span_context().clone())
+    };
+    let mut valid = Vec::new();
+    for flags in ["00", "01", "02", "03", "ff", "80"] {
+        for trace in [
+            "4bf92f3577b34da6a3ce929d0e0e4736",
+            "00000000000000000000000000000001",
+        ] {
+            for span in ["00f067aa0ba902b7", "ffffffffffffffff", "0000000000000001"] {
+                valid.push(format!("00-{trace}-{span}-{flags}"));
+            }
+        }
+    }
+    valid.push(format!(" {PARENT}\t"));
+    valid.push(format!("01{}", &PARENT[2..]));
+    valid.push(format!("cc{}-what-comes-later", &PARENT[2..]));
+    for header in &valid {
+        for state in [
+            None,
+            Some("vendor=value,other=x"),
+            Some("not a = valid state"),
+        ] {
+            let mut metadata = serde_json::json!({ "traceparent": header });
+            if let Some(state) = state {
+                metadata["tracestate"] = state.into();
+            }
+            let theirs = sdk(&metadata);
+            assert!(theirs.is_some(), "the SDK reads {metadata}");
+            assert_eq!(ours(&metadata), theirs, "{metadata}");
+            assert_eq!(
+                ours(&metadata).unwrap().trace_state().header(),
+                theirs.unwrap().trace_state().header()
+            );
+        }
+    }
+    for bad in [
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned(),
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01".to_owned(),
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00F067AA0BA902B7-01".to_owned(),
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0A".to_owned(),
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01".to_owned(),
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01".to_owned(),
+        format!("{PARENT}-more"),
+        format!("{PARENT}x"),
+        PARENT[..54].to_owned(),
+        "00_4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7_01".to_owned(),
+        "00-4bf92f3577b34da6a3ce929d0e0e47g6-00f067aa0ba902b7-01".to_owned(),
+        "0g-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned(),
+        "".to_owned(),
+    ] {
+        // (The SDK accepts some of these, shorter fields for one; W3C does not.)
+        let metadata = serde_json::json!({ "traceparent": bad });
+        assert_eq!(ours(&metadata), None, "{metadata}");
+    }
+}
