@@ -154,6 +154,13 @@ pub fn resolve(
         Some(name) => sampler_named(&name, var("OTEL_TRACES_SAMPLER_ARG").as_deref())?,
     };
     let service_name = var("OTEL_SERVICE_NAME").unwrap_or_else(|| settings.service_name.clone());
+    if protocol == OtlpProtocol::HttpProtobuf {
+        otlp::headers_and_timeout(&env).map_err(|e| TelemetryError::Traces {
+            origin: e.origin,
+            value: e.value,
+            expected: e.expected,
+        })?;
+    }
     Ok(Some(TraceSettings {
         endpoint,
         protocol,

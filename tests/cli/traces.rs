@@ -25,6 +25,8 @@ const SPAN: &str = "00f067aa0ba902b7";
 #[derive(Clone, Debug)]
 struct Received {
     service: String,
+    /// The request's `api-key` header (`OTEL_EXPORTER_OTLP_HEADERS`).
+    api_key: Option<String>,
     span: opentelemetry_proto::tonic::trace::v1::Span,
 }
 
@@ -32,7 +34,15 @@ type Inbox = Arc<Mutex<Vec<Received>>>;
 
 /// An OTLP/HTTP receiver on a free port: every span posted to `/v1/traces`, decoded.
 async fn receiver() -> (SocketAddr, Inbox) {
-    async fn traces(State(inbox): State<Inbox>, body: Bytes) -> Vec<u8> {
+    async fn traces(
+        State(inbox): State<Inbox>,
+        headers: axum::http::HeaderMap,
+        body: Bytes,
+    ) -> Vec<u8> {
+        let api_key = headers
+            .get("api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let request = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf request");
         let mut inbox = inbox.lock().unwrap();
         for rs in request.resource_spans {
@@ -45,6 +55,7 @@ async fn receiver() -> (SocketAddr, Inbox) {
                 for span in ss.spans {
                     inbox.push(Received {
                         service: service.clone(),
+                        api_key: api_key.clone(),
                         span,
                     });
                 }
@@ -124,6 +135,8 @@ OrderPlaced = "INSERT INTO placed (stream_id) VALUES ($2)"
                 ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
                 ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
                 ("OTEL_SERVICE_NAME", "orders-read-side"),
+                // Sent with every export, percent-decoded.
+                ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=k%3Dv"),
                 // Export every 100 ms instead of every 5 s.
                 ("OTEL_BSP_SCHEDULE_DELAY", "100"),
             ],
@@ -210,6 +223,7 @@ async fn an_appended_events_apply_is_exported_over_otlp_http_as_a_child_of_its_t
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(apply.service, "orders-read-side");
+    assert_eq!(apply.api_key.as_deref(), Some("k=v"));
     assert_eq!(hex(&apply.span.trace_id), TRACE);
     assert_eq!(hex(&apply.span.parent_span_id), SPAN);
     assert_eq!(
@@ -310,6 +324,20 @@ async fn otel_variables_that_cannot_be_used_stop_run_and_config_check_with_78_na
             ],
             "OTEL_TRACES_SAMPLER = \"sometimes\"",
         ),
+        (
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+                ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=s3cret-token,broken"),
+            ],
+            "OTEL_EXPORTER_OTLP_HEADERS = \"(not shown: it may hold a secret)\"",
+        ),
+        (
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+                ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "10s"),
+            ],
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT = \"10s\"",
+        ),
     ];
     for (env, want) in cases {
         for command in [&["config", "check"][..], &["run"][..]] {
@@ -324,6 +352,7 @@ async fn otel_variables_that_cannot_be_used_stop_run_and_config_check_with_78_na
             assert_eq!(out.code, Some(78), "{command:?} {env:?}: {out:?}");
             assert!(out.stderr.contains(want), "{command:?}: {}", out.stderr);
             assert!(!out.stderr.contains("pw-s3cret"), "{}", out.stderr);
+            assert!(!out.stderr.contains("s3cret-token"), "{}", out.stderr);
         }
     }
     // Set and usable: config check says where spans go.

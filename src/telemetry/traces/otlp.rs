@@ -41,42 +41,51 @@ pub(crate) struct BuildError {
     pub(crate) expected: String,
 }
 
+/// The headers and the timeout the `OTEL_EXPORTER_OTLP_*` variables of `env` ask for (see
+/// the module's text). [`super::resolve`] calls it too, so a malformed one stops `config
+/// check` and `run` alike, before anything starts.
+pub(crate) fn headers_and_timeout(
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<(reqwest::header::HeaderMap, Duration), BuildError> {
+    let var = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+    let (headers_var, headers) = [
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+        "OTEL_EXPORTER_OTLP_HEADERS",
+    ]
+    .into_iter()
+    .find_map(|name| var(name).map(|v| (name, v)))
+    .unwrap_or(("", String::new()));
+    let headers = parse_headers(&headers).map_err(|expected| BuildError {
+        origin: headers_var.to_owned(),
+        value: "(not shown: it may hold a secret)".to_owned(),
+        expected,
+    })?;
+    let timeout = match [
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+    ]
+    .into_iter()
+    .find_map(|name| var(name).map(|v| (name, v)))
+    {
+        None => Duration::from_secs(10),
+        Some((name, v)) => v
+            .trim()
+            .parse::<u64>()
+            .map(Duration::from_millis)
+            .map_err(|_| BuildError {
+                origin: name.to_owned(),
+                value: v.clone(),
+                expected: "a whole number of milliseconds".to_owned(),
+            })?,
+    };
+    Ok((headers, timeout))
+}
+
 impl ProtobufExporter {
     /// An exporter posting to `endpoint` (the full `…/v1/traces` URL), configured by the
     /// process's `OTEL_EXPORTER_OTLP_*` headers and timeout variables.
     pub(crate) fn new(endpoint: &str) -> Result<ProtobufExporter, BuildError> {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-        let (headers_var, headers) = [
-            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
-            "OTEL_EXPORTER_OTLP_HEADERS",
-        ]
-        .into_iter()
-        .find_map(|name| var(name).map(|v| (name, v)))
-        .unwrap_or(("", String::new()));
-        let headers = parse_headers(&headers).map_err(|expected| BuildError {
-            origin: headers_var.to_owned(),
-            value: "(not shown: it may hold a secret)".to_owned(),
-            expected,
-        })?;
-        let timeout = match [
-            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
-            "OTEL_EXPORTER_OTLP_TIMEOUT",
-        ]
-        .into_iter()
-        .find_map(|name| var(name).map(|v| (name, v)))
-        {
-            None => Duration::from_secs(10),
-            Some((name, v)) => {
-                v.trim()
-                    .parse::<u64>()
-                    .map(Duration::from_millis)
-                    .map_err(|_| BuildError {
-                        origin: name.to_owned(),
-                        value: v.clone(),
-                        expected: "a whole number of milliseconds".to_owned(),
-                    })?
-            }
-        };
+        let (headers, timeout) = headers_and_timeout(|name| std::env::var(name).ok())?;
         // Built on a thread of its own: reqwest's blocking client starts a runtime, which
         // must not happen inside the caller's (the daemon builds this from async code).
         let client = std::thread::spawn(move || {
