@@ -83,6 +83,12 @@ struct Inner {
     /// Server processes running a batch transaction right now (cancelled at an abandoned
     /// shutdown so their transactions roll back and release their locks).
     backends: HashSet<i32>,
+    /// Rows still leased to us that no batch holds: their batch ended without giving them
+    /// back (the give-back failed with the database, or was never reached), with whether a
+    /// handler saw each. No claim, ours or another instance's, takes a live instance's valid
+    /// lease, so left alone they would stall their lanes until the lease ran out; the consumer
+    /// loops give them back before their next claim ([`InFlight::settle_owed`]).
+    owed: HashMap<Uuid, bool>,
 }
 
 /// The rows one claim recorded for a batch, and those it must give back at once.
@@ -164,6 +170,8 @@ impl InFlight {
                 }
             };
             let id = row.event_work_id;
+            // Claimed again (a lease still ours comes back with its stream): no longer owed.
+            inner.owed.remove(&id);
             if !mine {
                 if inner.rows.contains_key(&id) {
                     theirs.insert(id);
@@ -263,14 +271,75 @@ impl InFlight {
             .collect()
     }
 
-    /// The batch is over: its lanes are free and whatever it still recorded is forgotten (its
-    /// leases lapse, or were given back).
+    /// The batch is over: its lanes are free, and whatever it still recorded (rows it did not
+    /// give back: the give-back failed, or the batch ended early) is owed back.
     pub(crate) fn end(&self, batch: u64, lanes: &[LaneKey]) {
         let mut inner = self.lock();
         for l in lanes {
             inner.lanes.remove(l);
         }
-        inner.rows.retain(|_, h| h.batch != batch);
+        let Inner { rows, owed, .. } = &mut *inner;
+        rows.retain(|id, h| {
+            if h.batch == batch {
+                owed.insert(*id, h.started);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// Rows owed back (see [`InFlight::settle_owed`]).
+    pub fn owed(&self) -> usize {
+        self.lock().owed.len()
+    }
+
+    /// Gives back the rows ended batches did not (fenced on `instance`: a row taken over
+    /// meanwhile is not touched), those no handler saw with a refund of their claim's bump, the
+    /// others without, exactly as their batch would have. Kept owed if the database still does
+    /// not answer. Returns how many were still ours.
+    pub async fn settle_owed<S: WorkStore>(
+        &self,
+        store: &S,
+        instance: InstanceId,
+    ) -> Result<u64, StoreError> {
+        let owed = {
+            let mut inner = self.lock();
+            if inner.owed.is_empty() {
+                return Ok(0);
+            }
+            std::mem::take(&mut inner.owed)
+        };
+        let (started, unstarted): (Vec<_>, Vec<_>) = owed.iter().partition(|(_, s)| **s);
+        let started: Vec<Uuid> = started.into_iter().map(|(id, _)| *id).collect();
+        let unstarted: Vec<Uuid> = unstarted.into_iter().map(|(id, _)| *id).collect();
+        let mut released = 0;
+        let result = async {
+            if !unstarted.is_empty() {
+                released += store.release_unstarted(instance, &unstarted).await?;
+            }
+            if !started.is_empty() {
+                released += store.release_started(instance, &started).await?;
+            }
+            Ok::<(), StoreError>(())
+        }
+        .await;
+        if let Err(error) = result {
+            // (A part given back already is fenced: giving it back again changes nothing.)
+            let mut inner = self.lock();
+            for (id, s) in owed {
+                inner.owed.entry(id).or_insert(s);
+            }
+            return Err(error);
+        }
+        count_released(released);
+        if released > 0 {
+            tracing::info!(
+                rows = released,
+                "gave back rows whose batch could not (the database was unavailable); their lanes can be claimed again"
+            );
+        }
+        Ok(released)
     }
 
     /// Work rows currently leased to this process (their leases are renewed).
@@ -333,8 +402,11 @@ impl InFlight {
             .iter()
             .filter(|(_, h)| h.started)
             .map(|(id, _)| *id)
+            .chain(inner.owed.iter().filter(|(_, s)| **s).map(|(id, _)| *id))
             .collect();
         inner.rows.clear();
+        // (The unstarted ones owed go back with deregistration, refunded.)
+        inner.owed.clear();
         Abandoned {
             started,
             backends: inner.backends.iter().copied().collect(),

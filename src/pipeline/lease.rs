@@ -274,14 +274,15 @@ impl<S: WorkStore> LeasedBatch<S> {
     }
 
     /// Gives back every row still ours (the end of a batch, or a batch that failed as a whole).
-    /// Best effort: if the database is gone the leases lapse and we re-lease them ourselves.
+    /// If the database does not answer, the rows are owed back when the batch ends, and the
+    /// consumer loops give them back before their next claim ([`InFlight::settle_owed`]).
     pub async fn release_all(&mut self) {
         let ids = self.inflight.rows_of(self.batch);
         if ids.is_empty() {
             return;
         }
         if let Err(error) = self.release(&ids).await {
-            tracing::debug!(%error, rows = ids.len(), "could not give rows back; their leases will lapse");
+            tracing::debug!(%error, rows = ids.len(), "could not give rows back; they are given back once the database answers");
         }
     }
 
@@ -513,8 +514,8 @@ fn log_dead_letter(
 }
 
 impl<S: WorkStore> Drop for LeasedBatch<S> {
-    /// Frees the batch's lanes; whatever it still recorded is forgotten (given back by
-    /// [`LeasedBatch::release_all`] before, or left to lapse).
+    /// Frees the batch's lanes; whatever it still recorded is owed back
+    /// ([`InFlight::settle_owed`]).
     fn drop(&mut self) {
         self.inflight.end(self.batch, &self.lanes);
     }

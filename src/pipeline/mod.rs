@@ -142,6 +142,11 @@ impl<S: WorkStore> Pipeline<S> {
         stop: &CancellationToken,
     ) -> Result<DrainOutcome, DrainError> {
         let ctx = &self.ctx;
+        // 0. Rows an ended batch could not give back (the database went away) stall their
+        // lanes until they are given back: first, now that the database may answer.
+        if let Err(error) = self.inflight.settle_owed(&ctx.store, ctx.instance).await {
+            tracing::debug!(%error, "could not give back rows owed back yet");
+        }
         // 1. Claim: the lease handle owns the rows from here on. Its span is never entered, so
         // nothing starts it before the number of rows is on it.
         let claim_span = spans::claim(self.perspectives.len(), self.limits.batch_size);

@@ -887,3 +887,116 @@ async fn shutdown_during_a_fast_pass_keeps_the_attempt_of_the_rows_handed_over()
             .unwrap();
     assert_eq!(rows, [(None, 1)], "released, and its claim not refunded");
 }
+
+/// Locks its database against new connections and cuts every connection to it (its own
+/// included) on its first apply, then says the database is unavailable: the batch fails, and
+/// so does its give-back, as when the database goes away mid-batch. Applies from then on.
+struct Severs {
+    admin_url: String,
+    database: String,
+    cut: AtomicBool,
+    applied: std::sync::Mutex<Vec<i32>>,
+}
+
+#[async_trait]
+impl Perspective for Severs {
+    fn name(&self) -> &str {
+        "severs"
+    }
+    fn event_types(&self) -> Vec<String> {
+        vec!["E".into()]
+    }
+    async fn apply(&self, e: &EventEnvelope, _tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
+        if !self.cut.swap(true, Ordering::SeqCst) {
+            use sqlx::Connection as _;
+            let mut admin = sqlx::PgConnection::connect(&self.admin_url).await.unwrap();
+            sqlx::query(&format!(
+                "ALTER DATABASE \"{}\" ALLOW_CONNECTIONS false",
+                self.database
+            ))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+            sqlx::query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
+            )
+            .bind(&self.database)
+            .execute(&mut admin)
+            .await
+            .unwrap();
+            return Err(ApplyError::Unavailable("the test cut the database".into()));
+        }
+        self.applied.lock().unwrap().push(e.attempts);
+        Ok(())
+    }
+}
+
+/// Finding A of the soak: a batch that fails because the database went away gives its rows
+/// back; when that give-back fails too, the rows stayed leased to this (live) instance with
+/// nothing in flight, so no claim, ours or another's, could take them until their lease ran
+/// out (`worker.lease`, 60 s by default; an hour here). The owner gives them back itself once
+/// the database answers again, with the refund the give-back would have made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_whose_give_back_failed_are_given_back_once_the_database_answers() {
+    use sqlx::Connection as _;
+    use vantage::internals::perspective::PerspectiveRegistry;
+    use vantage::internals::pipeline::Pipeline;
+
+    let env = env().await;
+    register(&env, "severs", &["E"]).await;
+    let stream = Uuid::new_v4();
+    append(&env, stream, &["E", "E"]).await;
+    let admin_url = match env.url.rfind('/') {
+        Some(at) => format!("{}/postgres", &env.url[..at]),
+        None => panic!("a database URL: {}", env.url),
+    };
+    let severs = std::sync::Arc::new(Severs {
+        admin_url: admin_url.clone(),
+        database: env.db.name.clone(),
+        cut: AtomicBool::new(false),
+        applied: std::sync::Mutex::new(Vec::new()),
+    });
+    let instance = InstanceId::new();
+    env.store
+        .heartbeat(instance, &InstanceInfo::current("test"))
+        .await
+        .unwrap();
+    let mut registry = PerspectiveRegistry::new();
+    registry.add(severs.clone()).unwrap();
+    let worker = WorkerSettings {
+        lease: Duration::from_secs(3600),
+        ..WorkerSettings::default()
+    };
+    let pipeline = Pipeline::new(env.store.clone(), instance, registry, None, &worker);
+
+    // The batch fails with the database, and so does its give-back.
+    let _ = pipeline.drain_once().await;
+    assert!(severs.cut.load(Ordering::SeqCst), "the first apply ran");
+    let mut admin = sqlx::PgConnection::connect(&admin_url).await.unwrap();
+    sqlx::query(&format!(
+        "ALTER DATABASE \"{}\" ALLOW_CONNECTIONS true",
+        env.db.name
+    ))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+
+    // The database answers again: both events are applied, well before the lease could lapse,
+    // charged as the give-back would have charged them: the first was seen by its handler (the
+    // attempt was used), the second was not (its claim's bump refunded).
+    let deadline = Instant::now() + secs(60);
+    while severs.applied.lock().unwrap().len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the rows are still leased to us with nothing in flight: {:?}",
+            sqlx::query_as::<_, (Option<Uuid>, i32)>(
+                "SELECT instance_id, attempts FROM wh_perspective_events ORDER BY stream_version"
+            )
+            .fetch_all(env.store.pool())
+            .await
+        );
+        let _ = pipeline.drain_once().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(*severs.applied.lock().unwrap(), vec![2, 1]);
+}
