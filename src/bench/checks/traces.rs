@@ -125,6 +125,20 @@ pub(super) async fn run(bench: &Bench) -> Result<CheckOutcome, BenchError> {
         let median = pairs.swap_remove(pairs.len() / 2);
         out.drain_line(&median.off);
         out.drain_line(&median.on);
+        // CPU is the cost tracing adds (the machine's cores are what the drain runs on): the
+        // vantage process's, and the server's, per row, off → on.
+        let server = |r: &DrainRun| {
+            r.per_event
+                .server_cpu_us
+                .map_or_else(|| "n/a".to_owned(), |us| format!("{us:.1}"))
+        };
+        out.details.push(format!(
+            "  CPU per row, off → on: this process {:.1} → {:.1} µs, server {} → {} µs",
+            median.off.per_event.client_cpu_us,
+            median.on.per_event.client_cpu_us,
+            server(&median.off),
+            server(&median.on),
+        ));
         out.details.push(format!(
             "  spans exported: {} ({} failed) for {} rows; the collector got {} requests, {} bytes ({} B/span)",
             median.exported,
