@@ -137,7 +137,14 @@ impl ApplySpan {
             .with_links(links)
             .with_attributes([
                 KeyValue::new("vantage.perspective", ev.perspective_name.clone()),
-                KeyValue::new("vantage.stream_id", ev.stream_id.to_string()),
+                // (encoded without the formatting machinery: this runs once per traced row)
+                KeyValue::new(
+                    "vantage.stream_id",
+                    ev.stream_id
+                        .hyphenated()
+                        .encode_lower(&mut uuid::Uuid::encode_buffer())
+                        .to_owned(),
+                ),
                 KeyValue::new("vantage.global_position", ev.global_position),
                 KeyValue::new("vantage.event_type", ev.event_type.clone()),
                 KeyValue::new("vantage.attempts", i64::from(ev.attempts)),
