@@ -11,7 +11,7 @@
 //! A second perspective, `receipts`, has a side effect outside the database (it would email a
 //! receipt for every checkout; here it prints one). It shows the pattern for such effects: the
 //! envelope's `replay` is true when the event is delivered again to rebuild state (the history
-//! `vantage perspectives rebuild` re-queues after its reset), and the effect already happened
+//! `vantage::perspective::rebuild` re-queues after its reset), and the effect already happened
 //! then, so it is skipped; a live event has `replay` false.
 
 use std::time::Duration;

@@ -17,6 +17,7 @@
 //! "Build your own daemon binary" and `examples/inventory.rs` walk through one.
 
 mod handler;
+pub mod rebuild;
 pub(crate) mod registry;
 pub(crate) mod sql;
 mod typed;

@@ -282,9 +282,8 @@ impl TypedPerspective for Receipts {
     }
 }
 
-/// Issue 21 item 5: a Rust perspective sees whether an event is a replay. After the rebuild's
-/// re-queue of its history (`requeue_history_batch_in`, what `perspectives rebuild` runs after
-/// its reset), every event is delivered again with `replay` true and no receipt is sent twice;
+/// Issue 21 item 5: a Rust perspective sees whether an event is a replay. After a rebuild
+/// (`vantage::perspective::rebuild`, what `perspectives rebuild` runs), every event is delivered again with `replay` true and no receipt is sent twice;
 /// an event appended afterwards is delivered with `replay` false and gets its receipt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rust_perspective_is_told_which_deliveries_replay_history() {
@@ -328,7 +327,6 @@ async fn a_rust_perspective_is_told_which_deliveries_replay_history() {
         );
     }
     drain(&env).await;
-    let up_to = history.iter().map(|e| e.global_position).max().unwrap();
     let history = sorted(history.iter().map(|e| e.event_id).collect());
     assert_eq!(
         sorted(sent.lock().unwrap().clone()),
@@ -336,14 +334,21 @@ async fn a_rust_perspective_is_told_which_deliveries_replay_history() {
         "one receipt per checkout"
     );
 
-    // The rebuild's re-queue, on the running daemon (it wakes the daemon itself).
-    let mut conn = env.store.pool().acquire().await.unwrap();
-    let (queued, _) =
-        vantage::internals::store::requeue_history_batch_in(&mut conn, "receipts", 0, up_to, 100)
-            .await
-            .unwrap();
-    drop(conn);
-    assert_eq!(queued, 3);
+    // The rebuild, with the library's call, on the running daemon (it wakes the daemon).
+    let mut progress = Vec::new();
+    let rebuilt = vantage::perspective::rebuild::rebuild(
+        &env.store,
+        &Typed(Receipts { sent: sent.clone() }),
+        Duration::from_secs(30),
+        |p| progress.push(p),
+    )
+    .await
+    .expect("the rebuild runs");
+    assert_eq!(rebuilt.queued, 3);
+    assert!(
+        progress.contains(&vantage::perspective::rebuild::RebuildProgress::Reset),
+        "{progress:?}"
+    );
     drain(&env).await;
     assert_eq!(
         sorted(log(true).await),
