@@ -82,7 +82,7 @@ pub enum Command {
     Config(config_cmd::ConfigCommand),
     /// Measure the drain against the physical limit of the same effects, in one run (build with --release).
     Bench(bench::BenchArgs),
-    /// Phases of load and faults against several daemons, then proof from the read model that nothing was lost, doubled or reordered.
+    /// Daemons through phases of load and faults, then proof that nothing was lost, doubled or reordered (RELIABILITY.md, "Soak").
     Soak(soak::SoakArgs),
     /// The operator console in a browser: overview, dead letters, detail (docs/cli.md, "The console").
     Console(console::ConsoleArgs),

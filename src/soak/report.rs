@@ -93,6 +93,9 @@ pub struct PhaseReport {
     /// Seconds after the fault's end until the lag was back under 1 s and stayed there
     /// through the recovery window; `None` when it did not (or nothing was measured).
     pub recovery_secs: Option<f64>,
+    /// After the fault's end, per second of append time: (seconds since the fault's end, p99
+    /// lag); what `recovery_secs` was read from (JSON only).
+    pub recovery_series: Vec<(f64, f64)>,
     /// Whether the phase injects a fault.
     pub is_fault: bool,
     /// What the fault did, and what it could not do.
@@ -122,6 +125,7 @@ impl PhaseReport {
             lag: Lag::default(),
             fault_lag: Lag::default(),
             recovery_secs: None,
+            recovery_series: Vec::new(),
             is_fault: phase.is_fault(),
             outcome,
             window: (start, fault_end, end),
@@ -140,6 +144,7 @@ impl PhaseReport {
         if self.is_fault {
             let series = db.lag_by_second(perspectives, fault_end, end).await?;
             self.recovery_secs = recovery(&series);
+            self.recovery_series = series;
         }
         Ok(())
     }
