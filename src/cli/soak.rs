@@ -117,7 +117,8 @@ impl SoakArgs {
 
 /// Runs `vantage soak`. Exit 0 when every enforced check holds; 1 when one does not or the run
 /// broke down; 2 for a bad option or when no database is configured and none can be started;
-/// 69 when the configured database is unreachable; 78 for invalid configuration.
+/// 69 when the configured database is unreachable; 78 for invalid configuration; 130 when
+/// interrupted (SIGINT, SIGTERM).
 pub async fn run(global: &GlobalArgs, args: SoakArgs) -> i32 {
     let config = match args.config() {
         Ok(c) => c,
@@ -184,7 +185,24 @@ pub async fn run(global: &GlobalArgs, args: SoakArgs) -> i32 {
         }
     };
 
-    let result = crate::soak::run(&url, server.clone(), config, dir.path().to_path_buf()).await;
+    let soak = crate::soak::run(&url, server.clone(), config, dir.path().to_path_buf());
+    // Ctrl-C or SIGTERM abandons the run: dropping it kills the daemons (and the server below).
+    let result = tokio::select! {
+        r = soak => Some(r),
+        _ = stop_signal() => None,
+    };
+    let Some(result) = result else {
+        eprintln!("vantage soak: interrupted; daemons stopped, no verdict");
+        let kept = dir.keep();
+        eprintln!(
+            "vantage soak: the daemons' configurations and logs are kept in {}",
+            kept.display()
+        );
+        if let Some(server) = server {
+            let _ = tokio::task::spawn_blocking(move || drop(server)).await;
+        }
+        return exit::FORCED;
+    };
     let code = match result {
         Ok(report) => {
             let passed = report.passed();
@@ -234,4 +252,20 @@ pub async fn run(global: &GlobalArgs, args: SoakArgs) -> i32 {
         let _ = tokio::task::spawn_blocking(move || drop(server)).await;
     }
     code
+}
+
+/// The first SIGINT or SIGTERM.
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        // Without handlers the default action (exit) stands; never resolve.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
 }

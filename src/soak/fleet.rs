@@ -215,8 +215,23 @@ fn spawn_daemon(exe: &Path, config: &Path, log: &Path) -> std::io::Result<Child>
     cmd.stdin(Stdio::null())
         .stdout(Stdio::from(file))
         .stderr(Stdio::from(file2))
-        // A soak that dies takes its daemons with it.
+        // A soak that stops takes its daemons with it: dropped (kill_on_drop), or killed
+        // itself (the parent-death signal; tokio spawns from its worker threads, which live as
+        // long as the runtime).
         .kill_on_drop(true);
+    let parent = std::process::id() as i32;
+    // SAFETY: the closure only makes async-signal-safe system calls (prctl, getppid) and does
+    // not allocate.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            // The soak may have died between fork and prctl; then no signal will come.
+            if nix::unistd::getppid().as_raw() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
     cmd.spawn()
 }
 
