@@ -175,8 +175,11 @@ pub struct SoakConfig {
     pub sample_interval: Duration,
     /// How often a progress line is printed.
     pub progress_interval: Duration,
-    /// How long the final drain may take.
-    pub drain_timeout: Duration,
+    /// The final drain gives up when the backlog has not shrunk for this long (a stall, not a
+    /// slow machine: a drain that makes progress is waited for, up to `drain_cap`).
+    pub drain_stall: Duration,
+    /// The longest the final drain is waited for, however it progresses.
+    pub drain_cap: Duration,
     /// Time between two SIGKILLs of the sigkill phase.
     pub kill_every: Duration,
     /// Time between two PostgreSQL restarts of the pg-restart phase.
@@ -207,7 +210,8 @@ impl SoakConfig {
                 warmup: Duration::from_secs(10 * 60),
                 sample_interval: Duration::from_secs(5),
                 progress_interval: Duration::from_secs(30),
-                drain_timeout: Duration::from_secs(10 * 60),
+                drain_stall: Duration::from_secs(5 * 60),
+                drain_cap: Duration::from_secs(30 * 60),
                 kill_every: Duration::from_secs(5),
                 restart_every: Duration::from_secs(60),
                 idle_connections: 300,
@@ -222,7 +226,8 @@ impl SoakConfig {
                 warmup: Duration::from_secs(20),
                 sample_interval: Duration::from_secs(1),
                 progress_interval: Duration::from_secs(5),
-                drain_timeout: Duration::from_secs(120),
+                drain_stall: Duration::from_secs(60),
+                drain_cap: Duration::from_secs(6 * 60),
                 kill_every: Duration::from_secs(2),
                 ..SoakConfig::for_profile(Profile::Release)
             },
@@ -548,14 +553,23 @@ async fn run_started(soak: &Soak) -> Result<Report, SoakError> {
     let names: Vec<String> = PERSPECTIVES.iter().map(|(n, _)| n.to_string()).collect();
     let drain_started = Instant::now();
     let mut drained = false;
-    while drain_started.elapsed() < config.drain_timeout {
+    let mut least = u64::MAX;
+    let mut progressed = Instant::now();
+    while drain_started.elapsed() < config.drain_cap && progressed.elapsed() < config.drain_stall {
         match soak.db.backlog(&names).await {
             Ok((0, _)) => {
                 drained = true;
                 break;
             }
-            Ok(_) | Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+            Ok((left, _)) => {
+                if left < least {
+                    least = left;
+                    progressed = Instant::now();
+                }
+            }
+            Err(_) => {}
         }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let drain = drain_started.elapsed();
     soak.say(&format!(

@@ -264,7 +264,7 @@ SELECT
     (SELECT count(*) FROM wh_perspective_events
         WHERE perspective_name IN (SELECT perspective FROM names))";
 
-/// Up to ten lines naming what broke a rule, for the report: `$1` the perspectives, `$2`
+/// Up to thirteen lines naming what broke a rule, for the report: `$1` the perspectives, `$2`
 /// max + 1.
 const EXAMPLES: &str = "
 (SELECT 'healthy event dead-lettered: ' || d.perspective_name || ' position ' || d.global_position
@@ -280,6 +280,11 @@ UNION ALL
  WHERE d.perspective_name = ANY($1) AND p.poison = d.perspective_name
    AND d.attempts_when_dlq <> $2
  ORDER BY d.dead_lettered_at LIMIT 3)
+UNION ALL
+(SELECT 'lane applied out of order ' || disorders || ' time(s): ' || perspective || ' stream ' || stream_id
+        || ' (highest version ' || last_version || ')'
+ FROM soak_lanes WHERE perspective = ANY($1) AND disorders > 0
+ ORDER BY disorders DESC LIMIT 3)
 UNION ALL
 (SELECT 'applied ' || applications || ' times: ' || perspective || ' position ' || global_position
  FROM soak_applied WHERE perspective = ANY($1) AND applications > 1

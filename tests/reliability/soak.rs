@@ -15,8 +15,9 @@ use serde_json::Value;
 
 use crate::support::process;
 
-/// ≈ 2.5 minutes of soak; only a hang comes near this.
-const LIMIT: Duration = Duration::from_secs(600);
+/// ≈ 2.5 minutes of soak on a quiet machine, 5 on a loaded one (the final drain is waited for
+/// while it progresses, up to 6 minutes); only a hang comes near this.
+const LIMIT: Duration = Duration::from_secs(900);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn short_soak_loses_doubles_and_reorders_nothing() {
