@@ -89,6 +89,7 @@ pub(crate) mod dlq;
 pub mod perspective;
 pub(crate) mod pipeline;
 mod present;
+pub(crate) mod soak;
 mod sqlstate;
 mod statement;
 pub mod store;

@@ -15,6 +15,7 @@ pub(crate) mod output;
 pub(crate) mod perspectives;
 pub(crate) mod run;
 pub mod signals;
+pub(crate) mod soak;
 pub(crate) mod status;
 
 use std::path::PathBuf;
@@ -81,6 +82,8 @@ pub enum Command {
     Config(config_cmd::ConfigCommand),
     /// Measure the drain against the physical limit of the same effects, in one run (build with --release).
     Bench(bench::BenchArgs),
+    /// Daemons through phases of load and faults, then proof that nothing was lost, doubled or reordered (RELIABILITY.md, "Soak").
+    Soak(soak::SoakArgs),
     /// The operator console in a browser: overview, dead letters, detail (docs/cli.md, "The console").
     Console(console::ConsoleArgs),
     /// Prometheus rules from the configured SLOs (docs/operations.md, "SLOs and alerts").
@@ -133,6 +136,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Dlq(cmd) => dlq::run(&cli.global, cmd).await,
         Command::Config(cmd) => config_cmd::run(&cli.global, cmd).await,
         Command::Bench(args) => bench::run(&cli.global, args).await,
+        Command::Soak(args) => soak::run(&cli.global, args).await,
         Command::Console(args) => console::run(&cli.global, args).await,
         Command::Alerts(cmd) => alerts::run(&cli.global, cmd).await,
     }

@@ -19,6 +19,7 @@ pub(crate) mod leases;
 mod memory;
 mod operator;
 mod samples;
+pub(crate) mod soak;
 mod status;
 pub(crate) mod triage;
 mod versions;

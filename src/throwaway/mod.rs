@@ -42,6 +42,8 @@ use server::{free_port, Inner, Launch};
 const DIR_PREFIX: &str = "vantage-pg-";
 /// How often startup picks a new port after losing a race for the previous one.
 const PORT_ATTEMPTS: usize = 5;
+/// `max_connections` of a server started with [`ThrowawayPostgres::start`].
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 300;
 
 /// A PostgreSQL cluster in a temporary directory, listening on 127.0.0.1 with `trust`
 /// authentication. Dropping it stops the server (immediate shutdown) and deletes everything.
@@ -60,6 +62,14 @@ impl ThrowawayPostgres {
     /// spawned from an internal thread that lives as long as the process, so the calling
     /// thread may exit without taking the server with it.
     pub fn start() -> Result<ThrowawayPostgres, ThrowawayError> {
+        Self::start_with_max_connections(DEFAULT_MAX_CONNECTIONS)
+    }
+
+    /// [`start`](Self::start) with room for `max_connections` sessions (`vantage soak` holds
+    /// 300 idle ones beside its daemons).
+    pub fn start_with_max_connections(
+        max_connections: u32,
+    ) -> Result<ThrowawayPostgres, ThrowawayError> {
         let bins = find_binaries().ok_or(ThrowawayError::BinariesNotFound)?;
         let (user, run_as) = server_identity()?;
         sweep_stale_dirs();
@@ -82,6 +92,7 @@ impl ThrowawayPostgres {
             user,
             run_as,
             port: AtomicU16::new(0),
+            max_connections,
             pid: AtomicI32::new(0),
             lifecycle: Mutex::new(()),
             destroyed: AtomicBool::new(false),

@@ -42,6 +42,8 @@ pub(super) struct Inner {
     /// uid/gid to run the server as when we are root.
     pub(super) run_as: Option<(u32, u32)>,
     pub(super) port: AtomicU16,
+    /// `max_connections` of the server (300 unless the owner asked for more).
+    pub(super) max_connections: u32,
     /// Postmaster pid, 0 while stopped. Atomic so the exit hook can read it without a lock.
     pub(super) pid: AtomicI32,
     /// Serialises stop/start so a restart is never interleaved with another.
@@ -153,7 +155,7 @@ impl Inner {
                 "-c",
                 "full_page_writes=off",
                 "-c",
-                "max_connections=300",
+                &format!("max_connections={}", self.max_connections),
                 "-c",
                 "shared_buffers=128MB",
             ])

@@ -39,6 +39,9 @@ const LINES: &[&str] = &[
     "config check extra",
     "alerts",
     "alerts render extra",
+    "soak --bogus",
+    "soak --profile nope",
+    "soak --phases steady,nope",
 ];
 
 #[tokio::test]

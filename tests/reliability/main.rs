@@ -15,4 +15,5 @@ mod bad_statements;
 mod crashes;
 mod quarantine;
 mod run_command;
+mod soak;
 mod versions;
