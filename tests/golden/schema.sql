@@ -1612,12 +1612,22 @@ DECLARE
     v_done_p text[];
     v_gone  int;
 BEGIN
+    -- The lanes of the first p_max free wake-ups, then every free wake-up of those lanes (ours
+    -- included: SKIP LOCKED does not skip our own locks).
+    WITH first AS MATERIALIZED (
+        SELECT DISTINCT f.stream_id, f.perspective_name
+        FROM (SELECT w.stream_id, w.perspective_name
+              FROM wh_lane_wakeups w
+              LIMIT greatest(p_max, 0)
+              FOR UPDATE SKIP LOCKED) f)
     SELECT array_agg(w.ctid), array_agg(w.stream_id), array_agg(w.perspective_name),
            array_agg(w.min_version)
     INTO v_tid, v_s, v_p, v_v
     FROM (SELECT w.ctid, w.stream_id, w.perspective_name, w.min_version
           FROM wh_lane_wakeups w
-          LIMIT greatest(p_max, 0)
+          WHERE (w.stream_id, w.perspective_name) IN (SELECT f.stream_id, f.perspective_name
+                                                      FROM first f)
+          LIMIT greatest(p_max, 0)::bigint * 100
           FOR UPDATE SKIP LOCKED) w;
     IF v_tid IS NULL THEN
         RETURN 0;
@@ -1639,8 +1649,7 @@ BEGIN
     lowered AS (
         -- Due now only if the new rows may be the head: rows appended behind an existing one
         -- change nothing about when the lane can next be claimed (its head's own writers keep
-        -- that hint, L2), so a producer appending behind a parked or leased head does not send
-        -- a claim to look at it again.
+        -- that hint, L2).
         UPDATE wh_perspective_lanes l
         SET due_at = now()
         FROM held h
@@ -1652,15 +1661,24 @@ BEGIN
                               WHERE pe.perspective_name = k.pname AND pe.stream_id = k.sid
                                 AND pe.stream_version < k.min_version))
         RETURNING l.stream_id, l.perspective_name),
-    added AS (
-        -- Lanes with no row (as this statement sees it): a conflict means someone else has
-        -- it, and the wake-up stays.
-        INSERT INTO wh_perspective_lanes AS l (stream_id, perspective_name, due_at)
-        SELECT k.sid, k.pname, now()
+    missing AS MATERIALIZED (
+        -- Lanes with no row, as this statement sees it.
+        SELECT k.sid, k.pname, wh_lane_bucket_key(k.sid, k.pname) AS bucket
         FROM keys k
         WHERE NOT EXISTS (SELECT 1 FROM wh_perspective_lanes l
-                          WHERE l.stream_id = k.sid AND l.perspective_name = k.pname)
-        ORDER BY k.sid, k.pname
+                          WHERE l.stream_id = k.sid AND l.perspective_name = k.pname)),
+    buckets AS MATERIALIZED (
+        -- The buckets this transaction may insert into: nobody else is inserting there.
+        SELECT b.bucket
+        FROM (SELECT DISTINCT m.bucket FROM missing m) b
+        WHERE pg_try_advisory_xact_lock(b.bucket)),
+    added AS (
+        -- (a conflict now means a committed row: someone folded it after our snapshot)
+        INSERT INTO wh_perspective_lanes AS l (stream_id, perspective_name, due_at)
+        SELECT m.sid, m.pname, now()
+        FROM missing m
+        JOIN buckets b ON b.bucket = m.bucket
+        ORDER BY m.sid, m.pname
         ON CONFLICT (stream_id, perspective_name) DO NOTHING
         RETURNING l.stream_id, l.perspective_name)
     -- (every held lane is folded, lowered or not; a data-modifying WITH runs whether or not
@@ -1839,6 +1857,19 @@ AS $function$
              AND a.datname = current_database()
              AND a.backend_type = 'client backend'
              AND wh_xid8(a.backend_xmin) < p_horizon);
+$function$
+;
+
+-- function wh_lane_bucket_key(uuid,text)
+CREATE OR REPLACE FUNCTION vantage.wh_lane_bucket_key(p_stream_id uuid, p_perspective_name text)
+ RETURNS bigint
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    SELECT hashtextextended('vantage:lane-bucket:' || current_schema() || ':'
+                            || (hashtext(p_perspective_name || ':' || p_stream_id::text) & 63)::text,
+                            0);
 $function$
 ;
 
@@ -2227,16 +2258,22 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    WITH missing AS (
-        SELECT k.sid, k.pname
+    WITH missing AS MATERIALIZED (
+        SELECT k.sid, k.pname, wh_lane_bucket_key(k.sid, k.pname) AS bucket
         FROM unnest(v_s, v_p) AS k(sid, pname)
         WHERE NOT EXISTS (SELECT 1 FROM wh_perspective_lanes l
                           WHERE l.stream_id = k.sid AND l.perspective_name = k.pname)
           AND (k.sid, k.pname) NOT IN (SELECT w.stream_id, w.perspective_name
                                       FROM wh_lane_wakeups w)),
+    buckets AS MATERIALIZED (
+        SELECT b.bucket
+        FROM (SELECT DISTINCT m.bucket FROM missing m) b
+        WHERE pg_try_advisory_xact_lock(b.bucket)),
     added AS (
         INSERT INTO wh_perspective_lanes AS l (stream_id, perspective_name, due_at)
-        SELECT m.sid, m.pname, now() FROM missing m
+        SELECT m.sid, m.pname, now()
+        FROM missing m
+        JOIN buckets b ON b.bucket = m.bucket
         ORDER BY m.sid, m.pname
         ON CONFLICT (stream_id, perspective_name) DO NOTHING
         RETURNING l.stream_id, l.perspective_name)

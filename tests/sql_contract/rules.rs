@@ -3678,3 +3678,136 @@ async fn an_append_behind_a_parked_head_leaves_the_lane_hint_alone() -> TestResu
     );
     Ok(())
 }
+
+/// The wake-ups of one lane, as stored.
+async fn wakeups_of(store: &Store, stream: Uuid) -> anyhow::Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM wh_lane_wakeups WHERE stream_id = $1")
+            .bind(stream)
+            .fetch_one(store.pool())
+            .await?,
+    )
+}
+
+/// A fold never waits for another transaction inserting the same lane (L3; RELIABILITY.md,
+/// finding D): claim A's fold inserts a new lane and its claim is still running; a producer
+/// appends to that lane; claim B's fold, with a lock_timeout far shorter than any claim, must
+/// leave the lane's wake-up for later instead of waiting for A. Catches: a fold that inserts a
+/// lane with ON CONFLICT while another fold's insert of it is uncommitted (the convoy of finding
+/// D); a wake-up deleted by a fold that did not fold its lane (L1: the lane would be lost).
+#[tokio::test]
+async fn a_fold_never_waits_for_another_fold_inserting_the_same_lane() -> TestResult {
+    let ctx = setup().await?;
+    let store = ctx.store.clone();
+    perspective(&store, "P1", &["*"]).await?;
+    let holder = live_instance(&store).await?;
+    let stream = Uuid::new_v4();
+    append(&store, stream, &["E"]).await?;
+
+    let fold = "SELECT wh_fold_lane_wakeups(1000)";
+    let mut a = store.pool().begin().await?;
+    let folded: i32 = sqlx::query_scalar(fold).fetch_one(&mut *a).await?;
+    assert_eq!(folded, 1, "claim A folds the new lane");
+    append(&store, stream, &["E"]).await?;
+
+    let mut b = store.pool().acquire().await?;
+    sqlx::query("SET lock_timeout = '2s'")
+        .execute(&mut *b)
+        .await?;
+    let folded = sqlx::query_scalar::<_, i32>(fold).fetch_one(&mut *b).await;
+    sqlx::query("RESET lock_timeout").execute(&mut *b).await?;
+    assert_eq!(
+        folded?, 0,
+        "claim B leaves the lane A is inserting, without waiting for A"
+    );
+    a.commit().await?;
+    assert_eq!(wakeups_of(&store, stream).await?, 1, "B kept its wake-up");
+    let folded: i32 = sqlx::query_scalar(fold).fetch_one(&mut *b).await?;
+    assert_eq!(
+        folded, 1,
+        "once A committed, the next fold takes the wake-up"
+    );
+    drop(b);
+    assert_eq!(wakeups_of(&store, stream).await?, 0);
+    let claimed = store.claim_work(holder, LEASE, 10, 10, None).await?;
+    assert_eq!(
+        claimed.iter().map(|r| r.stream_version).collect::<Vec<_>>(),
+        vec![1, 2],
+        "both rows are claimable"
+    );
+    Ok(())
+}
+
+/// A fold takes every wake-up of the lanes it folds, not only the first p_max it found
+/// (RELIABILITY.md, finding D: 563 000 wake-ups of 6 000 lanes were folded a thousand at a
+/// time, each lane again and again). Catches: a fold that deletes only the wake-ups of its
+/// first batch.
+#[tokio::test]
+async fn a_fold_takes_every_wake_up_of_the_lanes_it_folds() -> TestResult {
+    let ctx = setup().await?;
+    let store = ctx.store.clone();
+    perspective(&store, "P1", &["*"]).await?;
+    let stream = Uuid::new_v4();
+    for _ in 0..20 {
+        append(&store, stream, &["E"]).await?;
+    }
+    assert_eq!(
+        wakeups_of(&store, stream).await?,
+        20,
+        "one wake-up per append"
+    );
+    let folded: i32 = sqlx::query_scalar("SELECT wh_fold_lane_wakeups(1)")
+        .fetch_one(store.pool())
+        .await?;
+    assert_eq!(folded, 20, "the fold took the lane's whole backlog");
+    assert_eq!(wakeups_of(&store, stream).await?, 0);
+    Ok(())
+}
+
+/// A fold that takes a lane's other wake-ups decides from all of them (L2): an append behind a
+/// parked head (which alone leaves the hint) and a requeue ahead of it (which makes the lane due
+/// now), folded by one fold that found only one of them first, leave the lane due now.
+/// Catches: a fold that decides from its first batch and deletes the rest unread (the requeued
+/// head would wait out the parked row's backoff).
+#[tokio::test]
+async fn a_fold_decides_from_every_wake_up_it_takes() -> TestResult {
+    let ctx = setup().await?;
+    let store = ctx.store.clone();
+    perspective(&store, "P1", &["*"]).await?;
+    let stream = Uuid::new_v4();
+    append(&store, stream, &["E", "E"]).await?;
+    let holder = live_instance(&store).await?;
+    let rows = store.claim_work(holder, LEASE, 1, 1, None).await?;
+    assert_eq!(rows.len(), 1);
+    let head = rows[0].event_work_id;
+    let moved: Option<Uuid> = sqlx::query_scalar(
+        "SELECT move_to_dead_letters(gen_random_uuid(), 'wh_perspective_events', $1, \
+         'PermanentFailure', 'boom', NULL)",
+    )
+    .bind(head)
+    .fetch_one(store.pool())
+    .await?;
+    let letter = moved.expect("the head is dead-lettered");
+    // The next row is the head now; park the lane as a failing head would.
+    sqlx::query(
+        "UPDATE wh_perspective_lanes SET due_at = now() + interval '1 hour' WHERE stream_id = $1",
+    )
+    .bind(stream)
+    .execute(store.pool())
+    .await?;
+    append(&store, stream, &["E"]).await?; // behind the head: leaves the hint
+    assert!(store.requeue_dead_letter(letter, "test").await?); // ahead of it: due now
+    assert_eq!(wakeups_of(&store, stream).await?, 2);
+
+    let folded: i32 = sqlx::query_scalar("SELECT wh_fold_lane_wakeups(1)")
+        .fetch_one(store.pool())
+        .await?;
+    assert_eq!(folded, 2, "one fold takes both wake-ups");
+    let due_now: bool =
+        sqlx::query_scalar("SELECT due_at <= now() FROM wh_perspective_lanes WHERE stream_id = $1")
+            .bind(stream)
+            .fetch_one(store.pool())
+            .await?;
+    assert!(due_now, "the requeued head makes the lane due now");
+    Ok(())
+}
