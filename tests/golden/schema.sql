@@ -1639,9 +1639,12 @@ BEGIN
                CASE WHEN bool_or(k.v IS NULL) THEN NULL ELSE min(k.v) END AS min_version
         FROM unnest(v_s, v_p, v_v) AS k(sid, pname, v)
         GROUP BY k.sid, k.pname),
-    held AS (
-        -- Existing lanes, locked without waiting.
-        SELECT l.stream_id, l.perspective_name
+    held AS MATERIALIZED (
+        -- Existing lanes, locked without waiting, with what their wake-ups say. (The lowest
+        -- version travels with the lane, so the UPDATE below joins nothing but the lane's key:
+        -- 0011 joined the wake-ups' keys again, and the generic plan PL/pgSQL caches, sized for
+        -- ten keys, probed the work table once per pair of keys, quadratic in the fold's size.)
+        SELECT l.stream_id, l.perspective_name, k.min_version
         FROM wh_perspective_lanes l
         JOIN keys k ON k.sid = l.stream_id AND k.pname = l.perspective_name
         ORDER BY l.stream_id, l.perspective_name
@@ -1653,13 +1656,13 @@ BEGIN
         UPDATE wh_perspective_lanes l
         SET due_at = now()
         FROM held h
-        JOIN keys k ON k.sid = h.stream_id AND k.pname = h.perspective_name
         WHERE l.stream_id = h.stream_id AND l.perspective_name = h.perspective_name
           AND l.due_at > now()
-          AND (k.min_version IS NULL
+          AND (h.min_version IS NULL
                OR NOT EXISTS (SELECT 1 FROM wh_perspective_events pe
-                              WHERE pe.perspective_name = k.pname AND pe.stream_id = k.sid
-                                AND pe.stream_version < k.min_version))
+                              WHERE pe.perspective_name = h.perspective_name
+                                AND pe.stream_id = h.stream_id
+                                AND pe.stream_version < h.min_version))
         RETURNING l.stream_id, l.perspective_name),
     missing AS MATERIALIZED (
         -- Lanes with no row, as this statement sees it.
