@@ -441,6 +441,20 @@ pub async fn run(
     let codes = soak.fleet.lock().await.stop(Duration::from_secs(30)).await;
     let mut report = result?;
     report.finish(&soak, codes).await;
+    let forensics = &report.accounting.forensics;
+    if !forensics.is_empty() {
+        // The database goes with a throwaway server: keep what a diagnosis needs beside the logs.
+        let path = soak.dir.join("forensics.txt");
+        let mut text = forensics.join("\n\n");
+        text.push('\n');
+        match std::fs::write(&path, text) {
+            Ok(()) => soak.say(&format!(
+                "the record of every event that broke a rule is in {}",
+                path.display()
+            )),
+            Err(e) => soak.say(&format!("could not write {}: {e}", path.display())),
+        }
+    }
     Ok(report)
 }
 

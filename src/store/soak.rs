@@ -173,8 +173,13 @@ pub struct Accounting {
     pub healthy_dead_lettered_without_failure: u64,
     /// Work rows of the soak's perspectives left at the end.
     pub stranded: u64,
-    /// Up to ten examples of what went wrong, for the report.
+    /// Up to sixteen examples of what went wrong, for the report.
     pub examples: Vec<String>,
+    /// When an event was lost, a cured event stayed dead, or a poison event was dead-lettered
+    /// after the wrong number of claims: the whole record of each such event (for the file
+    /// the run keeps, not the report).
+    #[serde(skip)]
+    pub forensics: Vec<String>,
 }
 
 /// Lag of applies (append → applied), seconds.
@@ -264,7 +269,7 @@ SELECT
     (SELECT count(*) FROM wh_perspective_events
         WHERE perspective_name IN (SELECT perspective FROM names))";
 
-/// Up to thirteen lines naming what broke a rule, for the report: `$1` the perspectives, `$2`
+/// Up to sixteen lines naming what broke a rule, for the report: `$1` the perspectives, `$2`
 /// max + 1.
 const EXAMPLES: &str = "
 (SELECT 'healthy event dead-lettered: ' || d.perspective_name || ' position ' || d.global_position
@@ -288,7 +293,95 @@ UNION ALL
 UNION ALL
 (SELECT 'applied ' || applications || ' times: ' || perspective || ' position ' || global_position
  FROM soak_applied WHERE perspective = ANY($1) AND applications > 1
- ORDER BY global_position LIMIT 3)";
+ ORDER BY global_position LIMIT 3)
+UNION ALL
+(SELECT 'cured and requeued, yet dead-lettered: ' || d.perspective_name || ' position '
+        || d.global_position || ' after ' || d.attempts_when_dlq || ' claims'
+ FROM wh_dead_letters d JOIN soak_cured c
+   ON c.perspective = d.perspective_name AND c.global_position = d.global_position
+ WHERE d.perspective_name = ANY($1) AND d.status = 'exhausted'
+ ORDER BY d.global_position LIMIT 3)";
+
+/// The whole record of every (perspective, event) that broke a rule of the proof (never applied,
+/// cured yet still dead-lettered, poison dead-lettered after the wrong number of claims), one
+/// line each, at most 20 per rule: the produced event, its work rows, its dead letters with their
+/// history, what the operator phase did to it, its lane (vantage's and the read model's) and its
+/// neighbours in the lane. `$1`/`$2` the subscriptions, `$3` max + 1. The daemons' logs name
+/// events by their id, which the line carries.
+const FORENSICS: &str = "
+WITH subs AS (SELECT * FROM unnest($1::text[], $2::text[]) AS s(perspective, event_type)),
+names AS (SELECT DISTINCT perspective FROM subs),
+expected AS (
+    SELECT s.perspective, p.global_position
+    FROM soak_produced p JOIN subs s ON s.event_type = p.event_type
+    WHERE p.poison IS DISTINCT FROM s.perspective
+       OR EXISTS (SELECT 1 FROM soak_cured c
+                  WHERE c.perspective = s.perspective AND c.global_position = p.global_position)),
+subjects AS (
+    (SELECT 'never applied' AS what, e.perspective, e.global_position FROM expected e
+     WHERE NOT EXISTS (SELECT 1 FROM soak_applied a
+                       WHERE a.perspective = e.perspective AND a.global_position = e.global_position)
+     ORDER BY e.global_position LIMIT 20)
+    UNION ALL
+    (SELECT 'cured, yet dead-lettered or dead-lettered after other than max + 1 claims',
+            c.perspective, c.global_position FROM soak_cured c
+     WHERE c.perspective IN (SELECT perspective FROM names)
+       AND (EXISTS (SELECT 1 FROM wh_dead_letters d WHERE d.perspective_name = c.perspective
+                    AND d.global_position = c.global_position AND d.status = 'exhausted')
+            OR EXISTS (SELECT 1 FROM soak_requeued r WHERE r.perspective = c.perspective
+                    AND r.global_position = c.global_position AND r.attempts_when_dlq <> $3))
+     ORDER BY c.global_position LIMIT 20)
+    UNION ALL
+    (SELECT DISTINCT 'poison dead-lettered after other than max + 1 claims',
+            d.perspective_name, d.global_position
+     FROM wh_dead_letters d JOIN soak_produced p USING (global_position)
+     WHERE d.perspective_name IN (SELECT perspective FROM names)
+       AND p.poison = d.perspective_name AND d.attempts_when_dlq <> $3
+     LIMIT 20))
+SELECT x.what || ': ' || x.perspective || ' position ' || x.global_position
+    || E'\n  produced ' || COALESCE((SELECT row_to_json(p)::text FROM soak_produced p
+                                     WHERE p.global_position = x.global_position), 'none')
+    || E'\n  event id ' || COALESCE((SELECT e.event_id::text FROM wh_event_store e
+                                     WHERE e.global_position = x.global_position), 'none')
+    || E'\n  work rows ' || COALESCE((SELECT json_agg(w)::text FROM wh_perspective_events w
+                                      WHERE w.perspective_name = x.perspective
+                                        AND w.global_position = x.global_position), 'none')
+    || E'\n  dead letters ' || COALESCE((SELECT json_agg(json_build_object(
+            'id', d.dead_letter_id, 'status', d.status, 'claims', d.attempts_when_dlq,
+            'failures', d.failures_when_dlq, 'reason', d.failure_reason,
+            'at', d.dead_lettered_at, 'by', d.dead_lettered_by, 'changed', d.status_changed_at,
+            'history', (SELECT json_agg(json_build_object('kind', h.kind, 'at', h.at,
+                                                          'actor', h.actor, 'detail', h.detail)
+                                        ORDER BY h.history_id)
+                        FROM wh_dead_letter_history h WHERE h.dead_letter_id = d.dead_letter_id))
+            ORDER BY d.dead_lettered_at)::text
+        FROM wh_dead_letters d
+        WHERE d.perspective_name = x.perspective AND d.global_position = x.global_position), 'none')
+    || E'\n  operator ' || json_build_object(
+            'cured', EXISTS (SELECT 1 FROM soak_cured c WHERE c.perspective = x.perspective
+                             AND c.global_position = x.global_position),
+            'requeued_after_claims', (SELECT json_agg(r.attempts_when_dlq) FROM soak_requeued r
+                                      WHERE r.perspective = x.perspective
+                                        AND r.global_position = x.global_position))::text
+    || E'\n  lane ' || COALESCE((SELECT row_to_json(l)::text FROM wh_perspective_lanes l
+                                 JOIN soak_produced p ON p.stream_id = l.stream_id
+                                 WHERE p.global_position = x.global_position
+                                   AND l.perspective_name = x.perspective), 'none')
+    || E'\n  read-model lane ' || COALESCE((SELECT row_to_json(l)::text FROM soak_lanes l
+                                 JOIN soak_produced p ON p.stream_id = l.stream_id
+                                 WHERE p.global_position = x.global_position
+                                   AND l.perspective = x.perspective), 'none')
+    || E'\n  neighbours ' || COALESCE((SELECT json_agg(json_build_object(
+            'version', n.stream_version, 'position', n.global_position, 'type', n.event_type,
+            'poison', n.poison, 'appended_at', n.appended_at, 'applied_at', a.applied_at,
+            'applications', a.applications) ORDER BY n.stream_version)::text
+        FROM soak_produced p
+        JOIN soak_produced n ON n.stream_id = p.stream_id
+                            AND n.stream_version BETWEEN p.stream_version - 3 AND p.stream_version + 3
+        LEFT JOIN soak_applied a ON a.perspective = x.perspective
+                                AND a.global_position = n.global_position
+        WHERE p.global_position = x.global_position), 'none')
+FROM subjects x";
 
 impl SoakStore {
     /// Wraps a store whose schema is [`SOAK_SCHEMA`].
@@ -518,6 +611,17 @@ impl SoakStore {
             .bind(claims)
             .fetch_all(self.pool())
             .await?;
+        let poison_wrong = poison_left - n(8).min(poison_left);
+        let forensics = if n(2) > 0 || n(10) > 0 || poison_wrong > 0 {
+            sqlx::query_scalar::<_, String>(FORENSICS)
+                .bind(&perspectives)
+                .bind(&types)
+                .bind(claims)
+                .fetch_all(self.pool())
+                .await?
+        } else {
+            Vec::new()
+        };
         Ok(Accounting {
             appended: n(0),
             expected_applies: n(1),
@@ -528,13 +632,14 @@ impl SoakStore {
             applied_past_poison: n(6),
             poison: poison_left + cured,
             poison_dead_lettered: n(8),
-            poison_wrong: poison_left - n(8).min(poison_left),
+            poison_wrong,
             cured,
             cured_still_dead: n(10),
             healthy_dead_lettered: n(11),
             healthy_dead_lettered_without_failure: n(12),
             stranded: n(13),
             examples,
+            forensics,
         })
     }
 }
