@@ -233,6 +233,10 @@ pub struct CountedDeadLetters {
     pub matching: i64,
     /// The first of them in the requested order, at most the requested number.
     pub first: Vec<DeadLetter>,
+    /// The database's clock during the count: every dead letter counted was dead-lettered
+    /// before it, so a walk that continues past the first page with `until` at most this acts
+    /// on what was counted, not on what was dead-lettered since.
+    pub as_of: DateTime<Utc>,
 }
 
 impl Store {
@@ -258,11 +262,15 @@ impl Store {
             BulkOrder::PerspectivePosition => "perspective_name, global_position",
         };
         // The count is an uncorrelated subquery: evaluated once, in the statement's snapshot.
+        // So is the clock, read while the statement runs, after its snapshot was taken: every
+        // dead letter counted began (and took its `dead_lettered_at`) before that reading.
         // With no row returned nothing matched (`limit` is at least 1), so the count is 0.
         let sql = format!(
-            "SELECT (SELECT count(*) FROM wh_dead_letters WHERE {FILTER_WHERE}) AS vantage_matching, * \
+            "SELECT (SELECT count(*) FROM wh_dead_letters WHERE {FILTER_WHERE}) AS vantage_matching, \
+                    (SELECT clock_timestamp()) AS vantage_as_of, * \
              FROM wh_dead_letters WHERE {FILTER_WHERE} ORDER BY {order_by} LIMIT $9"
         );
+
         // In a transaction of its own: sqlx prepares a statement new to the connection in an
         // exchange of its own, and the table lock taken to plan it would otherwise be let go
         // before the read, so a writer queued behind it (a purge) could slip in between: the
@@ -283,16 +291,23 @@ impl Store {
             }
             Err(e) => return Err(map_db_error(e)),
         };
-        let matching = match rows.first() {
-            Some(row) => row.try_get("vantage_matching").map_err(map_db_error)?,
-            None => 0,
+        let (matching, as_of) = match rows.first() {
+            Some(row) => (
+                row.try_get("vantage_matching").map_err(map_db_error)?,
+                row.try_get("vantage_as_of").map_err(map_db_error)?,
+            ),
+            None => (0, Utc::now()),
         };
         let first = rows
             .iter()
             .map(DeadLetter::from_row)
             .collect::<Result<Vec<_>, _>>()
             .map_err(map_db_error)?;
-        Ok(Some(CountedDeadLetters { matching, first }))
+        Ok(Some(CountedDeadLetters {
+            matching,
+            first,
+            as_of,
+        }))
     }
 
     /// The open dead letters matching `filter` (whatever `filter.status` says) by perspective,

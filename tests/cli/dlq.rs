@@ -1069,3 +1069,70 @@ async fn human_views_escape_control_and_invisible_characters() {
     let run = env.run(&["dlq", "inspect", &p, "--json"]).await;
     assert_eq!(run.json()["data"]["type"], hostile_type);
 }
+
+// ---------------------------------------------------------------------------------------------
+// A bulk walk acts on what it counted (finding G of the soak)
+
+/// 501 dead letters of `audit` counted and confirmed (positions 1..=500 and 502, more than one
+/// page), then position 501 dead-lettered while the command waits at its prompt: between the
+/// first page and the last counted one.
+async fn counted_then_one_more() -> Env {
+    let env = Env::new().await;
+    let events: Vec<(&str, serde_json::Value)> = (0..502)
+        .map(|i| {
+            (
+                "OrderPlaced",
+                json!({"order_id": Uuid::new_v4(), "total": i.to_string()}),
+            )
+        })
+        .collect();
+    env.append(Uuid::new_v4(), &events).await;
+    for position in (1..=500).chain([502]) {
+        env.dead_letter("audit", position, "MaxAttemptsExceeded")
+            .await;
+    }
+    env
+}
+
+#[tokio::test]
+async fn bulk_requeue_requeues_every_dead_letter_it_counted_and_none_it_did_not() {
+    let env = counted_then_one_more().await;
+    let waiting = env
+        .start_prompting(&["dlq", "requeue", "--all", "--perspective", "audit"])
+        .await;
+    env.dead_letter("audit", 501, "MaxAttemptsExceeded").await;
+    let run = waiting.answer("y\n").await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(
+        run.stdout
+            .ends_with("Requeued 501 of 501 dead-lettered event(s).\n"),
+        "{run:#?}"
+    );
+    assert_eq!(env.status_of("audit", 502).await, "requeued");
+    // Dead-lettered after the count the operator confirmed: not part of what they asked for.
+    assert_eq!(env.status_of("audit", 501).await, "exhausted");
+}
+
+#[tokio::test]
+async fn bulk_purge_purges_every_dead_letter_it_counted_and_none_it_did_not() {
+    let env = counted_then_one_more().await;
+    let group: String = sqlx::query_scalar(
+        "SELECT DISTINCT error_fingerprint FROM wh_dead_letters WHERE perspective_name = 'audit'",
+    )
+    .fetch_one(env.store.pool())
+    .await
+    .unwrap();
+    let waiting = env
+        .start_prompting(&["dlq", "purge", "--group", &group, "--perspective", "audit"])
+        .await;
+    env.dead_letter("audit", 501, "MaxAttemptsExceeded").await;
+    let run = waiting.answer("y\n").await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    assert!(
+        run.stdout
+            .ends_with("Purged 501 of 501 dead-lettered event(s).\n"),
+        "{run:#?}"
+    );
+    assert_eq!(env.status_of("audit", 502).await, "purged");
+    assert_eq!(env.status_of("audit", 501).await, "exhausted");
+}

@@ -6,6 +6,12 @@
 //! - The set is walked a page at a time by (perspective, position), so millions of dead letters
 //!   are never loaded at once; the first page is read before the confirmation (it is what the
 //!   listing shows), and a dead letter another command changed after that is skipped and counted.
+//! - The walk acts on what was counted: the pages after the first only hold dead letters
+//!   dead-lettered before the count (its `as_of`), and without `--limit` it goes on to the last
+//!   page rather than stopping after as many items as were counted. Dead letters keep arriving
+//!   while an operator reads the prompt, at positions among the counted ones; a walk that stopped
+//!   at the count acted on those (never confirmed) and left as many counted ones untouched while
+//!   saying it had done them all.
 //! - Every item is its own statement (`requeue_dead_letter`, `purge_dead_letter`): an
 //!   interrupted run leaves each dead letter either done or untouched, never half done. Ctrl-C
 //!   stops after the item in flight, says how far it got (exit 130), and changes nothing more.
@@ -110,7 +116,7 @@ async fn page(
 pub(super) async fn run(
     ctx: &Ctx<'_>,
     action: BulkAction,
-    sel: Selection,
+    mut sel: Selection,
 ) -> Result<Value, Failure> {
     let store = ctx.store;
     // The count and the first page in one statement, so the count shown and the listing under
@@ -122,6 +128,12 @@ pub(super) async fn run(
         .map_err(|e| output::store_failure(&e))?
         .ok_or_else(|| Failure::usage(msg::count_timed_out()))?;
     let matching = counted.matching.max(0) as u64;
+    // From here on every page is of what the count covered (see the module's doc).
+    sel.filter.until = Some(
+        sel.filter
+            .until
+            .map_or(counted.as_of, |u| u.min(counted.as_of)),
+    );
     let target = sel.limit.map_or(matching, |l| l.min(matching)) as usize;
     let beyond = matching as usize - target;
     let done_key = action.done_key();
@@ -237,12 +249,16 @@ async fn act(
     let mut items = Vec::new();
     let mut current = first;
     let mut stop: Option<Failure> = None;
-    'walk: while tally.seen < target {
+    // With `--limit` the walk ends after `target` items; without, at the last page (a dead
+    // letter dead-lettered before the count but committed after it is on a later page and is
+    // done too; the totals then count it).
+    let bounded = sel.limit.is_some();
+    'walk: while !bounded || tally.seen < target {
         if current.is_empty() {
             break;
         }
         for d in &current {
-            if tally.seen >= target {
+            if bounded && tally.seen >= target {
                 break 'walk;
             }
             if interrupted.load(Ordering::SeqCst) {
@@ -280,11 +296,19 @@ async fn act(
                 }
             }
             bar.inc(1);
+            if tally.seen > target {
+                bar.set_length(tally.seen as u64);
+            }
             if bar.is_hidden() && tally.seen % PROGRESS_EVERY == 0 && tally.seen < target {
                 ctx.ui.note(msg::progress(done_key, tally.seen, target));
             }
         }
-        let next = page(store, &sel.filter, current.last(), target - tally.seen).await;
+        let want = if bounded {
+            target - tally.seen
+        } else {
+            PAGE as usize
+        };
+        let next = page(store, &sel.filter, current.last(), want).await;
         current = match next {
             Ok(rows) => rows,
             Err(f) => {
@@ -295,6 +319,7 @@ async fn act(
     }
     bar.finish_and_clear();
     watcher.abort();
+    let target = target.max(tally.seen);
 
     let total_line = match action {
         BulkAction::Requeue => msg::requeued_total(tally.done, target),
@@ -320,7 +345,7 @@ async fn act(
         return Err(failure);
     }
     // Dead letters changed by others after the first page was read are simply no longer there.
-    tally.lost += target - tally.seen;
+    tally.lost += target.saturating_sub(tally.seen);
     ctx.ui.say(total_line);
     if tally.done < target {
         let mut message = Vec::new();

@@ -78,7 +78,10 @@ async fn select(
         .store()
         .open_dead_letters_counted(&filter, BulkOrder::Position, BULK_LIMIT)
         .await?;
-    let Some(CountedDeadLetters { matching, first }) = counted else {
+    let Some(CountedDeadLetters {
+        matching, first, ..
+    }) = counted
+    else {
         return Err(PageError::Unavailable(format!(
             "Counting the matching dead letters took longer than {} s, and a bulk action needs the count. Narrow the filter and try again.",
             crate::console::STATEMENT_TIMEOUT.as_secs()
