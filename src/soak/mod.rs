@@ -123,6 +123,15 @@ impl Phase {
     pub fn is_fault(self) -> bool {
         self != Phase::Steady
     }
+
+    /// Whether the fault cuts daemons off mid-statement (a process killed, a session ended or
+    /// starved), so that a claim can commit without its daemon ever acting on it.
+    pub fn cuts_sessions(self) -> bool {
+        matches!(
+            self,
+            Phase::Sigkill | Phase::PgRestart | Phase::Terminate | Phase::Blackhole
+        )
+    }
 }
 
 /// Which bars a run enforces.
@@ -598,9 +607,22 @@ async fn run_started(soak: &Soak) -> Result<Report, SoakError> {
     };
     let end = report::snapshot(soak).await;
     watcher.abort();
+    // A claim lost in a cut is claimed again once its lease lapses (the soak keeps the default
+    // `worker.lease`), then waits for its retry backoff at most.
+    let lease = crate::config::WorkerSettings::default().lease;
+    let after_cut = chrono::Duration::from_std(lease + Duration::from_secs(30))
+        .unwrap_or_else(|_| chrono::Duration::seconds(90));
+    let cuts: Vec<_> = phases
+        .iter()
+        .filter(|p| Phase::parse(p.phase).is_some_and(Phase::cuts_sessions))
+        .map(|p| {
+            let (from, to) = p.fault_window();
+            (from, to + after_cut)
+        })
+        .collect();
     let accounting = soak
         .db
-        .account(&SoakConfig::subscriptions(), config.max_attempts)
+        .account(&SoakConfig::subscriptions(), config.max_attempts, &cuts)
         .await?;
     let lag_names: Vec<String> = LAG_MEASURED.iter().map(|s| s.to_string()).collect();
     for p in &mut phases {

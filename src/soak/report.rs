@@ -105,6 +105,11 @@ pub struct PhaseReport {
 }
 
 impl PhaseReport {
+    /// When its fault began and ended (wall clock).
+    pub fn fault_window(&self) -> (DateTime<Utc>, DateTime<Utc>) {
+        (self.window.0, self.window.1)
+    }
+
     /// A phase that ran from `start` (fault until `fault_end`) to `end`.
     pub fn new(
         phase: Phase,
@@ -375,12 +380,13 @@ impl Report {
             a.poison > 0 && a.poison_wrong == 0 && a.poison == a.poison_dead_lettered + a.cured,
             true,
             format!(
-                "{} poison events: {} dead-lettered after exactly {} claims, {} cured and requeued, {} wrong",
+                "{} poison events: {} dead-lettered after exactly {} claims, {} cured and requeued, {} wrong ({} after more claims, each inside a session-cutting fault's window: a claim's answer lost)",
                 a.poison,
                 a.poison_dead_lettered,
                 self.max_attempts + 1,
                 a.cured,
-                a.poison_wrong
+                a.poison_wrong,
+                a.poison_cut
             ),
         );
         check(

@@ -59,9 +59,10 @@ CREATE TABLE soak_lanes (
     PRIMARY KEY (perspective, stream_id)
 );
 CREATE TABLE soak_requeued (
-    perspective       text   NOT NULL,
-    global_position   bigint NOT NULL,
-    attempts_when_dlq int    NOT NULL
+    perspective       text        NOT NULL,
+    global_position   bigint      NOT NULL,
+    attempts_when_dlq int         NOT NULL,
+    dead_lettered_at  timestamptz NOT NULL
 );
 CREATE TABLE soak_cured (
     perspective     text        NOT NULL,
@@ -159,8 +160,15 @@ pub struct Accounting {
     /// (poison event, perspective) pairs that must end dead-lettered.
     pub poison: u64,
     /// Of those, dead-lettered exactly as required (one open dead letter, every dead letter of
-    /// it after exactly max + 1 claims).
+    /// it after exactly max + 1 claims, or more only as [`poison_cut`](Self::poison_cut) allows).
     pub poison_dead_lettered: u64,
+    /// Poison events (cured ones included) dead-lettered after more than max + 1 claims inside
+    /// a window where a claim's answer can be lost: a session-cutting fault (SIGKILL,
+    /// PostgreSQL restart, terminated backends, black hole) until a lease and 30 s after it.
+    /// A claim that committed while its session was cut, or whose daemon died before its
+    /// dead-letter move, is one the daemon never acted on; the row is claimed again when the
+    /// lease lapses, and every claim counts. Allowed, and reported.
+    pub poison_cut: u64,
     /// Poison events not dead-lettered as required.
     pub poison_wrong: u64,
     /// Poison events cured and requeued by the operator phase.
@@ -211,9 +219,27 @@ pub struct SoakStore {
 }
 
 /// The proof in one statement (one snapshot): `$1`/`$2` the (perspective, event type) pairs
-/// subscribed, `$3` max + 1 (the claims after which a poison event must be dead-lettered).
+/// subscribed, `$3` max + 1 (the claims after which a poison event must be dead-lettered),
+/// `$4`/`$5` the windows in which a claim's answer can be lost (see [`Accounting::poison_cut`]).
 const ACCOUNT: &str = "
 WITH subs AS (SELECT * FROM unnest($1::text[], $2::text[]) AS s(perspective, event_type)),
+cuts AS (SELECT * FROM unnest($4::timestamptz[], $5::timestamptz[]) AS c(from_at, to_at)),
+-- A dead letter's claims are right at max + 1, or above it inside a window where a claim's
+-- answer can be lost; 'over' marks the second kind.
+claims_ok AS (
+    SELECT d.perspective_name AS perspective, d.global_position,
+           d.attempts_when_dlq = $3
+           OR (d.attempts_when_dlq > $3 AND EXISTS (SELECT 1 FROM cuts
+                   WHERE d.dead_lettered_at BETWEEN cuts.from_at AND cuts.to_at)) AS ok,
+           d.attempts_when_dlq > $3 AS over
+    FROM wh_dead_letters d
+    UNION ALL
+    SELECT r.perspective, r.global_position,
+           r.attempts_when_dlq = $3
+           OR (r.attempts_when_dlq > $3 AND EXISTS (SELECT 1 FROM cuts
+                   WHERE r.dead_lettered_at BETWEEN cuts.from_at AND cuts.to_at)),
+           r.attempts_when_dlq > $3
+    FROM soak_requeued r),
 names AS (SELECT DISTINCT perspective FROM subs),
 expected AS (
     SELECT s.perspective, p.global_position
@@ -254,20 +280,20 @@ SELECT
     (SELECT count(*) FROM poison x
         WHERE (SELECT count(*) FROM wh_dead_letters d WHERE d.perspective_name = x.perspective
                  AND d.global_position = x.global_position AND d.status = 'exhausted') = 1
-          AND NOT EXISTS (SELECT 1 FROM wh_dead_letters d WHERE d.perspective_name = x.perspective
-                 AND d.global_position = x.global_position AND d.attempts_when_dlq <> $3)
-          AND NOT EXISTS (SELECT 1 FROM soak_requeued r WHERE r.perspective = x.perspective
-                 AND r.global_position = x.global_position AND r.attempts_when_dlq <> $3)),
+          AND NOT EXISTS (SELECT 1 FROM claims_ok k WHERE k.perspective = x.perspective
+                 AND k.global_position = x.global_position AND NOT k.ok)),
     (SELECT count(*) FROM soak_cured WHERE perspective IN (SELECT perspective FROM names)),
     (SELECT count(*) FROM soak_cured c WHERE c.perspective IN (SELECT perspective FROM names)
         AND (EXISTS (SELECT 1 FROM wh_dead_letters d WHERE d.perspective_name = c.perspective
                      AND d.global_position = c.global_position AND d.status = 'exhausted')
-             OR EXISTS (SELECT 1 FROM soak_requeued r WHERE r.perspective = c.perspective
-                     AND r.global_position = c.global_position AND r.attempts_when_dlq <> $3))),
+             OR EXISTS (SELECT 1 FROM claims_ok k WHERE k.perspective = c.perspective
+                     AND k.global_position = c.global_position AND NOT k.ok))),
     (SELECT count(*) FROM healthy_dead),
     (SELECT count(*) FROM healthy_dead WHERE failures_when_dlq = 0),
     (SELECT count(*) FROM wh_perspective_events
-        WHERE perspective_name IN (SELECT perspective FROM names))";
+        WHERE perspective_name IN (SELECT perspective FROM names)),
+    (SELECT count(DISTINCT (k.perspective, k.global_position)) FROM claims_ok k
+        WHERE k.perspective IN (SELECT perspective FROM names) AND k.ok AND k.over)";
 
 /// Up to sixteen lines naming what broke a rule, for the report: `$1` the perspectives, `$2`
 /// max + 1.
@@ -466,8 +492,8 @@ impl SoakStore {
     /// and cures every other one (so its requeue must apply); returns how many were cured.
     pub async fn cure_half(&self, perspective: &str) -> Result<u64, StoreError> {
         sqlx::query(
-            "INSERT INTO soak_requeued (perspective, global_position, attempts_when_dlq) \
-             SELECT perspective_name, global_position, attempts_when_dlq FROM wh_dead_letters \
+            "INSERT INTO soak_requeued (perspective, global_position, attempts_when_dlq, dead_lettered_at) \
+             SELECT perspective_name, global_position, attempts_when_dlq, dead_lettered_at FROM wh_dead_letters \
              WHERE perspective_name = $1 AND status = 'exhausted'",
         )
         .bind(perspective)
@@ -583,7 +609,10 @@ impl SoakStore {
         &self,
         subscriptions: &[Subscription],
         max_attempts: u32,
+        cuts: &[(DateTime<Utc>, DateTime<Utc>)],
     ) -> Result<Accounting, StoreError> {
+        let cut_from: Vec<DateTime<Utc>> = cuts.iter().map(|c| c.0).collect();
+        let cut_to: Vec<DateTime<Utc>> = cuts.iter().map(|c| c.1).collect();
         let mut perspectives = Vec::new();
         let mut types = Vec::new();
         for s in subscriptions {
@@ -597,6 +626,8 @@ impl SoakStore {
             .bind(&perspectives)
             .bind(&types)
             .bind(claims)
+            .bind(&cut_from)
+            .bind(&cut_to)
             .fetch_one(self.pool())
             .await?;
         let n = |i: usize| row.get::<i64, _>(i).max(0) as u64;
@@ -638,6 +669,7 @@ impl SoakStore {
             healthy_dead_lettered: n(11),
             healthy_dead_lettered_without_failure: n(12),
             stranded: n(13),
+            poison_cut: n(14),
             examples,
             forensics,
         })
