@@ -2,7 +2,8 @@
 //!
 //! One lane (one stream, one perspective) of a few events, two daemon instances, and every
 //! interleaving of what can happen to them: claims, slow applies whose lease lapses, a crash,
-//! failures with a backoff, the DLQ pre-filter, the give-back of rows another loop's lane holds.
+//! failures with a backoff, the DLQ pre-filter, the give-back of rows another loop's lane holds,
+//! a pass that dies with its session at its COMMIT (its rows given back, refunded within budget).
 //! Each action stands for SQL the baseline migrations define (named at the action), reduced to
 //! what decides ownership and order; time is abstract (a lease lapses, a backoff ends, whenever).
 //!
@@ -25,6 +26,8 @@ const EVENTS: u8 = 3;
 /// crash: bounded, so that the state space is finite (every other action makes progress).
 const LAPSES: u8 = 2;
 const CRASHES: u8 = 1;
+/// How many passes may die with their session at a step of their own (their COMMIT).
+const CUTS: u8 = 2;
 /// `worker.max_perspective_event_attempts` in the model: claimed more than this, dead-lettered.
 const MAX_ATTEMPTS: u8 = 2;
 /// Instances. Instance 0 never crashes (someone must be left to drain the lane).
@@ -57,6 +60,7 @@ pub struct State {
     /// Stalls and crashes still allowed in this run.
     lapses_left: u8,
     crashes_left: u8,
+    cuts_left: u8,
     /// Ghost: per version (index v - 1), the attempts the protocol says the row should have:
     /// + 1 for each claim that changed its holder, - 1 for each refund of such a claim.
     charged: [u8; EVENTS as usize],
@@ -87,6 +91,9 @@ struct Instance {
     lane_taken: bool,
     /// Ghost: the lease handle's lease has not lapsed since its claim.
     lease_valid: bool,
+    /// Per version, how often this process gave the row back refunded after a cut pass
+    /// (`InFlight::forgive_started`: at most MAX_ATTEMPTS times).
+    forgiven: [u8; EVENTS as usize],
 }
 
 /// What can happen.
@@ -106,6 +113,11 @@ pub enum Action {
     /// `record_perspective_event_failure` and `release_started_leases` for the rest). Fenced: if
     /// a row is no longer ours the transaction rolls back and the rest is given back.
     Settle { instance: u8, fail_at: Option<u8> },
+    /// The batch's transaction dies with its session at its COMMIT (terminated, the server
+    /// restarted): rolled back, nothing applied; the rows still ours go back, those the
+    /// process has not forgiven MAX_ATTEMPTS times yet with a refund
+    /// (`release_unstarted_leases`), the rest without (`release_started_leases`).
+    Cut { instance: u8 },
     /// The holder's lease lapses (a slow apply, a stalled process; renewal lost).
     Lapse { instance: u8 },
     /// The process dies (`cleanup_dead_instances` makes its leases claimable).
@@ -162,9 +174,11 @@ impl Model for Protocol {
                 batch: Vec::new(),
                 lane_taken: false,
                 lease_valid: false,
+                forgiven: [0; EVENTS as usize],
             }),
             lapses_left: LAPSES,
             crashes_left: CRASHES,
+            cuts_left: CUTS,
             charged: [0; EVENTS as usize],
         }]
     }
@@ -208,6 +222,9 @@ impl Model for Protocol {
                         instance: i,
                         fail_at: Some(k),
                     });
+                }
+                if state.cuts_left > 0 {
+                    actions.push(Action::Cut { instance: i });
                 }
             }
             if state.lapses_left > 0 && state.rows.iter().any(|r| r.holder == Some(i) && !r.lapsed)
@@ -348,6 +365,33 @@ impl Model for Protocol {
                     }
                     s.applied.push(*v);
                     s.rows.retain(|r| r.version != *v);
+                }
+            }
+            Action::Cut { instance } => {
+                s.cuts_left -= 1;
+                let batch = std::mem::take(&mut s.instances[instance as usize].batch);
+                for v in batch {
+                    let idx = v as usize - 1;
+                    // (the process counts what it forgives before the fenced give-back runs)
+                    let forgive = s.instances[instance as usize].forgiven[idx] < MAX_ATTEMPTS;
+                    if forgive {
+                        s.instances[instance as usize].forgiven[idx] += 1;
+                    }
+                    // Fenced on the holder: a row taken over meanwhile is not touched.
+                    let Some(row) = s
+                        .rows
+                        .iter_mut()
+                        .find(|r| r.version == v && r.holder == Some(instance))
+                    else {
+                        continue;
+                    };
+                    if forgive && row.bumped {
+                        row.attempts -= 1;
+                        s.charged[idx] -= 1;
+                    }
+                    row.holder = None;
+                    row.lapsed = false;
+                    row.bumped = false;
                 }
             }
             Action::Lapse { instance } => {

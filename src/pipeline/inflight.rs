@@ -89,7 +89,14 @@ struct Inner {
     /// lease, so left alone they would stall their lanes until the lease ran out; the consumer
     /// loops give them back before their next claim ([`InFlight::settle_owed`]).
     owed: HashMap<Uuid, bool>,
+    /// Per row, how often a pass that died with its session at a step of its own gave it back
+    /// refunded although a handler had seen it ([`InFlight::forgive_started`]). Bounded: cleared
+    /// when it grows past [`FORGIVEN_ROWS`], which only gives rows their budget again.
+    forgiven: HashMap<Uuid, u32>,
 }
+
+/// Rows [`Inner::forgiven`] remembers at most.
+const FORGIVEN_ROWS: usize = 50_000;
 
 /// The rows one claim recorded for a batch, and those it must give back at once.
 pub(crate) struct Recorded {
@@ -257,6 +264,32 @@ impl InFlight {
                 }
             }
         }
+    }
+
+    /// The rows of `batch` a handler saw count as unseen again (given back with a refund),
+    /// each at most `budget` times in this process's life: for a pass that died with its
+    /// session at a step of its own (BEGIN, SAVEPOINT, COMMIT), not at a handler's statement.
+    /// The budget keeps a commit that kills its own session (a deferred trigger) charged in
+    /// the end, so it is dead-lettered rather than failing its batch forever. Returns how many.
+    pub(crate) fn forgive_started(&self, batch: u64, budget: u32) -> usize {
+        let mut inner = self.lock();
+        if inner.forgiven.len() > FORGIVEN_ROWS {
+            inner.forgiven.clear();
+        }
+        let Inner { rows, forgiven, .. } = &mut *inner;
+        let mut n = 0;
+        for (id, h) in rows.iter_mut() {
+            if h.batch != batch || !h.started {
+                continue;
+            }
+            let times = forgiven.entry(*id).or_insert(0);
+            if *times < budget {
+                *times += 1;
+                h.started = false;
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Forgets rows of `batch` that are settled; returns what was recorded of each (None for a

@@ -158,6 +158,15 @@ impl<S: WorkStore> LeasedBatch<S> {
         self.inflight.set_started(self.batch, ids, false);
     }
 
+    /// The pass died with its session at a step of its own, not at a handler's statement: the
+    /// rows a handler saw go back refunded, within each row's budget (as many times as a row may
+    /// be claimed: `worker.max_perspective_event_attempts`, 10 when off). See
+    /// [`InFlight::forgive_started`].
+    pub fn forgive_started(&mut self) -> usize {
+        let budget = self.max_attempts.unwrap_or(10);
+        self.inflight.forgive_started(self.batch, budget)
+    }
+
     fn forget(&mut self, id: &Uuid) -> Option<Held> {
         self.inflight
             .forget(self.batch, std::slice::from_ref(id))

@@ -219,6 +219,14 @@ impl<S: WorkStore> Pipeline<S> {
 
         // 5. Apply (each pass settled by 6. in its transaction).
         let result = apply::apply_batch(ctx, &mut lease, envelopes, cooled).await;
+        // A store error here comes from a step of the pass itself (BEGIN, SAVEPOINT, COMMIT):
+        // a handler's own statement is judged in the careful pass and never surfaces as one.
+        // When the session died there (terminated, the server restarted), no event is to blame.
+        if let Err(ApplyBatchError::Store(e)) = &result {
+            if e.is_connection_error() {
+                lease.forgive_started();
+            }
+        }
 
         // 6. Settle the rest: whatever is still ours (nothing, unless the batch failed as a
         // whole) goes back.

@@ -1000,3 +1000,112 @@ async fn rows_whose_give_back_failed_are_given_back_once_the_database_answers() 
     }
     assert_eq!(*severs.applied.lock().unwrap(), vec![2, 1]);
 }
+
+/// Writes one row per event; the table's deferred trigger waits at COMMIT for an advisory lock
+/// the test holds, so the test can end the pass's session exactly there.
+struct CommitsSlowly;
+
+#[async_trait]
+impl Perspective for CommitsSlowly {
+    fn name(&self) -> &str {
+        "cut_at_commit"
+    }
+    fn event_types(&self) -> Vec<String> {
+        vec!["E".into()]
+    }
+    async fn apply(&self, e: &EventEnvelope, tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
+        sqlx::query("INSERT INTO public.cut_applied (position) VALUES ($1)")
+            .bind(e.global_position)
+            .execute(tx.connection()?)
+            .await
+            .map_err(|e| ApplyError::Retryable(e.to_string()))?;
+        Ok(())
+    }
+}
+
+/// Finding H of the soak: a pass that dies with its session at a step of its own (here its
+/// COMMIT; also its BEGIN or a SAVEPOINT) has no handler to blame, yet its rows went back
+/// charged because their handlers had seen them: with sessions terminated twice a second, 125
+/// healthy events were dead-lettered after 11 claims and no failure. Such rows are now given
+/// back with a refund, as many times per row as a row may be claimed (so a commit that kills
+/// its own session every time is still charged in the end, and dead-lettered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_of_a_pass_whose_commit_died_with_its_session_are_refunded_a_bounded_number_of_times()
+{
+    use sqlx::Connection as _;
+    use vantage::internals::perspective::PerspectiveRegistry;
+    use vantage::internals::pipeline::Pipeline;
+
+    let env = env().await;
+    register(&env, "cut_at_commit", &["E"]).await;
+    env.exec("CREATE TABLE public.cut_applied (position bigint PRIMARY KEY)")
+        .await;
+    env.exec(
+        "CREATE FUNCTION public.wait_at_commit() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NULL; END $$",
+    )
+    .await;
+    env.exec(
+        "CREATE CONSTRAINT TRIGGER wait_at_commit AFTER INSERT ON public.cut_applied \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.wait_at_commit()",
+    )
+    .await;
+    append(&env, Uuid::new_v4(), &["E", "E"]).await;
+    let instance = InstanceId::new();
+    env.store
+        .heartbeat(instance, &InstanceInfo::current("test"))
+        .await
+        .unwrap();
+    let mut registry = PerspectiveRegistry::new();
+    registry.add(std::sync::Arc::new(CommitsSlowly)).unwrap();
+    let worker = WorkerSettings {
+        max_perspective_event_attempts: Some(2),
+        ..WorkerSettings::default()
+    };
+    let pipeline = Pipeline::new(env.store.clone(), instance, registry, None, &worker);
+    let waiting = "SELECT count(*) FROM pg_stat_activity \
+                   WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'";
+    let rows = || async {
+        sqlx::query_as::<_, (Option<Uuid>, i32)>(
+            "SELECT instance_id, attempts FROM wh_perspective_events ORDER BY stream_version",
+        )
+        .fetch_all(env.store.pool())
+        .await
+        .unwrap()
+    };
+
+    // Rounds 1 and 2 (max_perspective_event_attempts = 2): refunded; round 3: charged.
+    for (round, attempts) in [(1, 0), (2, 0), (3, 1)] {
+        let mut holder = sqlx::PgConnection::connect(&env.url).await.unwrap();
+        sqlx::query("SELECT pg_advisory_lock(4242)")
+            .execute(&mut holder)
+            .await
+            .unwrap();
+        let drain = tokio::spawn({
+            let pipeline = pipeline.clone();
+            async move { pipeline.drain_once().await }
+        });
+        env.wait_until(waiting, 1, secs(30)).await;
+        env.exec(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'",
+        )
+        .await;
+        let result = drain.await.unwrap();
+        assert!(result.is_err(), "round {round}: the pass died: {result:?}");
+        holder.close().await.unwrap();
+        assert_eq!(
+            rows().await,
+            [(None, attempts), (None, attempts)],
+            "round {round}: given back, the claim's bump refunded only while the row has budget"
+        );
+    }
+    // With the lock free, the next pass applies both (attempts 2: not beyond the maximum).
+    let outcome = pipeline.drain_once().await.unwrap();
+    assert_eq!(outcome.claimed, 2, "{outcome:?}");
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM public.cut_applied").await,
+        2
+    );
+    assert_eq!(env.scalar("SELECT count(*) FROM wh_dead_letters").await, 0);
+}
