@@ -218,11 +218,30 @@ pub struct SoakStore {
     store: Store,
 }
 
+/// The CTEs the proof and the forensics share (so they cannot disagree on what was expected):
+/// `subs` the (perspective, event type) pairs subscribed (`$1`/`$2`), `names` the perspectives,
+/// `expected` every (perspective, event) that must be applied: healthy, or poison cured.
+macro_rules! subscribed_and_expected {
+    () => {
+        "subs AS (SELECT * FROM unnest($1::text[], $2::text[]) AS s(perspective, event_type)),
+names AS (SELECT DISTINCT perspective FROM subs),
+expected AS (
+    SELECT s.perspective, p.global_position
+    FROM soak_produced p JOIN subs s ON s.event_type = p.event_type
+    WHERE p.poison IS DISTINCT FROM s.perspective
+       OR EXISTS (SELECT 1 FROM soak_cured c
+                  WHERE c.perspective = s.perspective AND c.global_position = p.global_position)),"
+    };
+}
+
 /// The proof in one statement (one snapshot): `$1`/`$2` the (perspective, event type) pairs
 /// subscribed, `$3` max + 1 (the claims after which a poison event must be dead-lettered),
 /// `$4`/`$5` the windows in which a claim's answer can be lost (see [`Accounting::poison_cut`]).
-const ACCOUNT: &str = "
-WITH subs AS (SELECT * FROM unnest($1::text[], $2::text[]) AS s(perspective, event_type)),
+const ACCOUNT: &str = concat!(
+    "
+WITH ",
+    subscribed_and_expected!(),
+    "
 cuts AS (SELECT * FROM unnest($4::timestamptz[], $5::timestamptz[]) AS c(from_at, to_at)),
 -- A dead letter's claims are right at max + 1, or above it inside a window where a claim's
 -- answer can be lost; 'over' marks the second kind.
@@ -240,13 +259,6 @@ claims_ok AS (
                    WHERE r.dead_lettered_at BETWEEN cuts.from_at AND cuts.to_at)),
            r.attempts_when_dlq > $3
     FROM soak_requeued r),
-names AS (SELECT DISTINCT perspective FROM subs),
-expected AS (
-    SELECT s.perspective, p.global_position
-    FROM soak_produced p JOIN subs s ON s.event_type = p.event_type
-    WHERE p.poison IS DISTINCT FROM s.perspective
-       OR EXISTS (SELECT 1 FROM soak_cured c
-                  WHERE c.perspective = s.perspective AND c.global_position = p.global_position)),
 poison AS (
     SELECT p.poison AS perspective, p.global_position, p.stream_id, p.stream_version
     FROM soak_produced p
@@ -293,7 +305,8 @@ SELECT
     (SELECT count(*) FROM wh_perspective_events
         WHERE perspective_name IN (SELECT perspective FROM names)),
     (SELECT count(DISTINCT (k.perspective, k.global_position)) FROM claims_ok k
-        WHERE k.perspective IN (SELECT perspective FROM names) AND k.ok AND k.over)";
+        WHERE k.perspective IN (SELECT perspective FROM names) AND k.ok AND k.over)"
+);
 
 /// Up to sixteen lines naming what broke a rule, for the report: `$1` the perspectives, `$2`
 /// max + 1.
@@ -334,15 +347,11 @@ UNION ALL
 /// history, what the operator phase did to it, its lane (vantage's and the read model's) and its
 /// neighbours in the lane. `$1`/`$2` the subscriptions, `$3` max + 1. The daemons' logs name
 /// events by their id, which the line carries.
-const FORENSICS: &str = "
-WITH subs AS (SELECT * FROM unnest($1::text[], $2::text[]) AS s(perspective, event_type)),
-names AS (SELECT DISTINCT perspective FROM subs),
-expected AS (
-    SELECT s.perspective, p.global_position
-    FROM soak_produced p JOIN subs s ON s.event_type = p.event_type
-    WHERE p.poison IS DISTINCT FROM s.perspective
-       OR EXISTS (SELECT 1 FROM soak_cured c
-                  WHERE c.perspective = s.perspective AND c.global_position = p.global_position)),
+const FORENSICS: &str = concat!(
+    "
+WITH ",
+    subscribed_and_expected!(),
+    "
 subjects AS (
     (SELECT 'never applied' AS what, e.perspective, e.global_position FROM expected e
      WHERE NOT EXISTS (SELECT 1 FROM soak_applied a
@@ -407,7 +416,8 @@ SELECT x.what || ': ' || x.perspective || ' position ' || x.global_position
         LEFT JOIN soak_applied a ON a.perspective = x.perspective
                                 AND a.global_position = n.global_position
         WHERE p.global_position = x.global_position), 'none')
-FROM subjects x";
+FROM subjects x"
+);
 
 impl SoakStore {
     /// Wraps a store whose schema is [`SOAK_SCHEMA`].

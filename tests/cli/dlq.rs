@@ -1094,23 +1094,29 @@ async fn counted_then_one_more() -> Env {
     env
 }
 
-#[tokio::test]
-async fn bulk_requeue_requeues_every_dead_letter_it_counted_and_none_it_did_not() {
-    let env = counted_then_one_more().await;
-    let waiting = env
-        .start_prompting(&["dlq", "requeue", "--all", "--perspective", "audit"])
-        .await;
+/// Runs the bulk command `args` on [`counted_then_one_more`], dead-letters position 501 while
+/// it prompts, confirms, and checks that exactly the counted ones ended `status`.
+async fn act_on_what_was_counted(env: &Env, args: &[&str], total: &str, status: &str) {
+    let waiting = env.start_prompting(args).await;
     env.dead_letter("audit", 501, "MaxAttemptsExceeded").await;
     let run = waiting.answer("y\n").await;
     assert_eq!(run.code, 0, "{run:#?}");
-    assert!(
-        run.stdout
-            .ends_with("Requeued 501 of 501 dead-lettered event(s).\n"),
-        "{run:#?}"
-    );
-    assert_eq!(env.status_of("audit", 502).await, "requeued");
+    assert!(run.stdout.ends_with(total), "{run:#?}");
+    assert_eq!(env.status_of("audit", 502).await, status);
     // Dead-lettered after the count the operator confirmed: not part of what they asked for.
     assert_eq!(env.status_of("audit", 501).await, "exhausted");
+}
+
+#[tokio::test]
+async fn bulk_requeue_requeues_every_dead_letter_it_counted_and_none_it_did_not() {
+    let env = counted_then_one_more().await;
+    act_on_what_was_counted(
+        &env,
+        &["dlq", "requeue", "--all", "--perspective", "audit"],
+        "Requeued 501 of 501 dead-lettered event(s).\n",
+        "requeued",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -1122,17 +1128,11 @@ async fn bulk_purge_purges_every_dead_letter_it_counted_and_none_it_did_not() {
     .fetch_one(env.store.pool())
     .await
     .unwrap();
-    let waiting = env
-        .start_prompting(&["dlq", "purge", "--group", &group, "--perspective", "audit"])
-        .await;
-    env.dead_letter("audit", 501, "MaxAttemptsExceeded").await;
-    let run = waiting.answer("y\n").await;
-    assert_eq!(run.code, 0, "{run:#?}");
-    assert!(
-        run.stdout
-            .ends_with("Purged 501 of 501 dead-lettered event(s).\n"),
-        "{run:#?}"
-    );
-    assert_eq!(env.status_of("audit", 502).await, "purged");
-    assert_eq!(env.status_of("audit", 501).await, "exhausted");
+    act_on_what_was_counted(
+        &env,
+        &["dlq", "purge", "--group", &group, "--perspective", "audit"],
+        "Purged 501 of 501 dead-lettered event(s).\n",
+        "purged",
+    )
+    .await;
 }
