@@ -416,9 +416,13 @@ async fn a_cutover_killed_mid_transaction_leaves_one_version_wholly_live() {
     d1.shutdown().await.unwrap();
     d2.shutdown().await.unwrap();
 
-    // A writer of version 1's table holds its lock: the cutover waits inside its transaction.
+    // A batch of version 1 is in flight (its apply holds the version's fence): the cutover
+    // waits inside its transaction.
     let mut writer = PgConnection::connect(&env.url).await.unwrap();
-    sqlx::raw_sql("BEGIN; UPDATE orders_v1.orders SET total = total")
+    sqlx::raw_sql(
+        "BEGIN; SELECT orders_v1.vantage_apply('{}', gen_random_uuid(), gen_random_uuid(), \
+         'Shipped', 0, 2, '{}')",
+    )
         .execute(&mut writer)
         .await
         .unwrap();

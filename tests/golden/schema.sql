@@ -1075,8 +1075,6 @@ DECLARE
     v_registry text := p_perspective_name || '@v' || p_version;
     v_digest   text;
     v_path     text := current_setting('search_path');
-    v_cases    text := '';
-    v_else     text;
     v_apply    text;
     v_missing  text;
 BEGIN
@@ -1133,56 +1131,8 @@ BEGIN
             p_perspective_name, p_version, v_missing USING ERRCODE = '42P01';
     END IF;
 
-    -- One event: its type's statement (inlined when it is a plain write, as the batch
-    -- dispatcher does), else the catch-all, else an error (an event of a type the version does
-    -- not handle is never completed silently).
-    SELECT string_agg(
-               CASE WHEN wh_statement_is_plain_write(s.value)
-                         AND NOT wh_statement_mentions_extra_params(s.value)
-                    THEN format('    WHEN %L THEN', s.key) || chr(10)
-                         || regexp_replace(s.value, '[\s;]+$', '') || chr(10) || ';' || chr(10)
-                    ELSE format('    WHEN %L THEN EXECUTE %L USING $1, $2, $3, $4, $5, $6, $7;',
-                                s.key, s.value) || chr(10)
-               END, '' ORDER BY s.key)
-    INTO v_cases
-    FROM jsonb_each_text(p_statements) s
-    WHERE s.key <> '*';
-    v_else := p_statements ->> '*';
-    IF v_else IS NULL THEN
-        v_else := format('    RAISE EXCEPTION %L, $4 USING ERRCODE = %L;',
-                         'perspective "' || replace(v_registry, '%', '%%')
-                         || '" has no statement for event type "%"', 'VT003');
-    ELSIF wh_statement_is_plain_write(v_else) AND NOT wh_statement_mentions_extra_params(v_else) THEN
-        v_else := regexp_replace(v_else, '[\s;]+$', '') || chr(10) || ';';
-    ELSE
-        v_else := format('    EXECUTE %L USING $1, $2, $3, $4, $5, $6, $7;', v_else);
-    END IF;
-    EXECUTE format(
-        'CREATE FUNCTION %I.vantage_apply(jsonb, uuid, uuid, text, bigint, int, jsonb) '
-        'RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS %L',
-        v_schema,
-        concat_ws(chr(10),
-            '#variable_conflict use_column',
-            'BEGIN',
-            '  CASE $4',
-            coalesce(v_cases, ''),
-            '    ELSE',
-            v_else,
-            '  END CASE;',
-            'END'));
-    -- Many events, in order (the backfill's batch).
-    EXECUTE format(
-        'CREATE FUNCTION %I.vantage_apply_many(jsonb[], uuid[], uuid[], text[], bigint[], int[], jsonb[]) '
-        'RETURNS int LANGUAGE plpgsql SET search_path FROM CURRENT AS %L',
-        v_schema,
-        format(concat_ws(chr(10),
-            'BEGIN',
-            '  FOR i IN 1 .. coalesce(cardinality($1), 0) LOOP',
-            '    PERFORM %I.vantage_apply($1[i], $2[i], $3[i], $4[i], $5[i], $6[i], $7[i]);',
-            '  END LOOP;',
-            '  RETURN coalesce(cardinality($1), 0);',
-            'END'), v_schema));
     PERFORM set_config('search_path', v_path, true);
+    PERFORM wh_create_version_apply(v_schema, v_registry, p_statements);
 
     v_apply := format('SELECT %I.vantage_apply($1, $2, $3, $4, $5, $6, $7)', v_schema);
     INSERT INTO wh_perspectives (perspective_name, event_types)
@@ -1391,7 +1341,6 @@ DECLARE
     v_to   wh_perspective_versions;
     v_target int := p_version;
     v_behind bigint;
-    t text;
 BEGIN
     IF p_kind NOT IN ('Cutover', 'Rollback') THEN
         RAISE EXCEPTION 'switch_perspective_version: kind must be Cutover or Rollback'
@@ -1432,9 +1381,9 @@ BEGIN
         RETURN;
     END IF;
     IF v_live.version IS NOT NULL THEN
-        FOREACH t IN ARRAY v_live.tables LOOP
-            EXECUTE format('LOCK TABLE %I.%I IN EXCLUSIVE MODE', v_live.version_schema, t);
-        END LOOP;
+        -- The fence: waits for the live version's applies in flight and holds back new ones
+        -- until this transaction ends (see the header).
+        PERFORM pg_advisory_xact_lock(wh_version_fence_key(v_live.registry_name));
         -- Events of the live version's types it has applied (no work row left) that the target
         -- has not.
         SELECT count(*) INTO v_behind
@@ -1470,6 +1419,74 @@ AS $function$
       AND NOT EXISTS (SELECT 1 FROM wh_perspective_versions v
                       WHERE v.registry_name = p.perspective_name AND v.state = 'building')
       AND pg_try_advisory_xact_lock_shared(wh_perspective_lock_key(p.perspective_name));
+$function$
+;
+
+-- function wh_create_version_apply(text,text,jsonb)
+CREATE OR REPLACE FUNCTION vantage.wh_create_version_apply(p_schema text, p_registry text, p_statements jsonb)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+DECLARE
+    v_path  text := current_setting('search_path');
+    v_fence bigint := wh_version_fence_key(p_registry);
+    v_cases text := '';
+    v_else  text;
+BEGIN
+    PERFORM set_config('search_path', format('%I, %s', p_schema, v_path), true);
+    -- One event: its type's statement (inlined when it is a plain write, as the batch
+    -- dispatcher does), else the catch-all, else an error (an event of a type the version does
+    -- not handle is never completed silently).
+    SELECT string_agg(
+               CASE WHEN wh_statement_is_plain_write(s.value)
+                         AND NOT wh_statement_mentions_extra_params(s.value)
+                    THEN format('    WHEN %L THEN', s.key) || chr(10)
+                         || regexp_replace(s.value, '[\s;]+$', '') || chr(10) || ';' || chr(10)
+                    ELSE format('    WHEN %L THEN EXECUTE %L USING $1, $2, $3, $4, $5, $6, $7;',
+                                s.key, s.value) || chr(10)
+               END, '' ORDER BY s.key)
+    INTO v_cases
+    FROM jsonb_each_text(p_statements) s
+    WHERE s.key <> '*';
+    v_else := p_statements ->> '*';
+    IF v_else IS NULL THEN
+        v_else := format('    RAISE EXCEPTION %L, $4 USING ERRCODE = %L;',
+                         'perspective "' || replace(p_registry, '%', '%%')
+                         || '" has no statement for event type "%"', 'VT003');
+    ELSIF wh_statement_is_plain_write(v_else) AND NOT wh_statement_mentions_extra_params(v_else) THEN
+        v_else := regexp_replace(v_else, '[\s;]+$', '') || chr(10) || ';';
+    ELSE
+        v_else := format('    EXECUTE %L USING $1, $2, $3, $4, $5, $6, $7;', v_else);
+    END IF;
+    EXECUTE format(
+        'CREATE OR REPLACE FUNCTION %I.vantage_apply(jsonb, uuid, uuid, text, bigint, int, jsonb) '
+        'RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS %L',
+        p_schema,
+        concat_ws(chr(10),
+            '#variable_conflict use_column',
+            'BEGIN',
+            format('  PERFORM pg_advisory_xact_lock_shared(%s);', v_fence),
+            '  CASE $4',
+            coalesce(v_cases, ''),
+            '    ELSE',
+            v_else,
+            '  END CASE;',
+            'END'));
+    -- Many events, in order (the backfill's batch).
+    EXECUTE format(
+        'CREATE OR REPLACE FUNCTION %I.vantage_apply_many(jsonb[], uuid[], uuid[], text[], bigint[], int[], jsonb[]) '
+        'RETURNS int LANGUAGE plpgsql SET search_path FROM CURRENT AS %L',
+        p_schema,
+        format(concat_ws(chr(10),
+            'BEGIN',
+            '  FOR i IN 1 .. coalesce(cardinality($1), 0) LOOP',
+            '    PERFORM %I.vantage_apply($1[i], $2[i], $3[i], $4[i], $5[i], $6[i], $7[i]);',
+            '  END LOOP;',
+            '  RETURN coalesce(cardinality($1), 0);',
+            'END'), p_schema));
+    PERFORM set_config('search_path', v_path, true);
+END
 $function$
 ;
 
@@ -2393,6 +2410,17 @@ AS $function$
            ELSE 0 END
     FROM wh_perspective_versions v
     WHERE v.perspective_name = p_perspective_name AND v.version = p_version;
+$function$
+;
+
+-- function wh_version_fence_key(text)
+CREATE OR REPLACE FUNCTION vantage.wh_version_fence_key(p_registry_name text)
+ RETURNS bigint
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+    SELECT hashtextextended('vantage:version-fence:' || current_schema() || ':' || p_registry_name, 0);
 $function$
 ;
 

@@ -517,6 +517,122 @@ async fn a_backfills_diverted_rows_are_replays() -> TestResult {
     Ok(())
 }
 
+/// Registers version `version` of `orders` (one table, one statement for `Placed`) and runs its
+/// backfill until the version is in `state`.
+async fn built_version(store: &Store, version: i32, state: &str) -> anyhow::Result<()> {
+    sqlx::query(
+        "SELECT register_perspective_version('orders', $1, 'rm', ARRAY['orders'], \
+         ARRAY['Placed'], $2, 'CREATE TABLE orders (event_id uuid PRIMARY KEY)')",
+    )
+    .bind(version)
+    .bind(json!({"Placed": "INSERT INTO orders (event_id) VALUES ($3)"}))
+    .execute(store.pool())
+    .await?;
+    // (the backfill waits first for transactions older than the registration)
+    for _ in 0..500 {
+        let outcome: String = sqlx::query_scalar(
+            "SELECT outcome FROM backfill_perspective_version('orders', $1, 100)",
+        )
+        .bind(version)
+        .fetch_one(store.pool())
+        .await?;
+        if outcome == state {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    anyhow::bail!("version {version} never became {state}")
+}
+
+/// A cutover fences the live version's applies, not its tables: a VACUUM, ANALYZE or CREATE
+/// INDEX CONCURRENTLY of a live table (SHARE UPDATE EXCLUSIVE, as autovacuum takes after a
+/// backfill) does not hold it up. Catches: a cutover that locks the live version's tables
+/// against writes, which conflicts with every vacuum of them: it waited for autovacuum to give
+/// way (after `deadlock_timeout`) or failed on its lock timeout.
+#[tokio::test]
+async fn a_cutover_does_not_wait_for_a_vacuum_of_the_live_tables() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    built_version(store, 1, "live").await?;
+    built_version(store, 2, "ready").await?;
+    let mut vacuum = store.pool().begin().await?;
+    sqlx::query("LOCK TABLE orders_v1.orders IN SHARE UPDATE EXCLUSIVE MODE")
+        .execute(&mut *vacuum)
+        .await?;
+    let outcome: String = sqlx::query_scalar(
+        "SELECT outcome FROM switch_perspective_version('orders', 'Cutover', 2, 'test')",
+    )
+    .fetch_one(store.pool())
+    .await?;
+    assert_eq!(outcome, "done");
+    vacuum.rollback().await?;
+    Ok(())
+}
+
+/// While an apply of the live version is in flight, a cutover waits for it, then sees what it
+/// applied: here an event the new version has not applied yet, so the cutover is refused as
+/// behind instead of switching readers to a version that lacks an event they may have seen.
+/// Catches: a cutover that does not fence the live version's applies (it checks while the
+/// apply is uncommitted, finds nothing behind and switches).
+#[tokio::test]
+async fn a_cutover_waits_for_the_live_versions_apply_in_flight() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    built_version(store, 1, "live").await?;
+    built_version(store, 2, "ready").await?;
+    let a = live_instance(store).await?;
+    let s = Uuid::new_v4();
+    let event = append(store, s, &["Placed"]).await?.remove(0);
+    let rows = store
+        .get_stream_events(a, &[s], LEASE, Some(&names(&["orders@v1"])), Some(BIG))
+        .await?;
+    assert_eq!(rows.len(), 1);
+
+    // Version 1's batch: applied and completed, not yet committed.
+    let mut batch = store.pool().begin().await?;
+    sqlx::query(
+        "SELECT orders_v1.vantage_apply('{}'::jsonb, $1, $2, 'Placed', $3, 1, '{}'::jsonb)",
+    )
+    .bind(s)
+    .bind(event.event_id)
+    .bind(event.global_position)
+    .execute(&mut *batch)
+    .await?;
+    sqlx::query("SELECT complete_perspective_events($1, $2)")
+        .bind(a.0)
+        .bind(ids_of(&rows))
+        .execute(&mut *batch)
+        .await?;
+
+    let cutover = {
+        let pool = store.pool().clone();
+        tokio::spawn(async move {
+            sqlx::query_scalar::<_, String>(
+                "SELECT outcome FROM switch_perspective_version('orders', 'Cutover', 2, 'test')",
+            )
+            .fetch_one(&pool)
+            .await
+        })
+    };
+    // The batch commits once the cutover has run while it was open: finished, or waiting.
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock' \
+               AND query LIKE '%switch_perspective_version%'",
+        )
+        .fetch_one(store.pool())
+        .await?;
+        if waiting > 0 || cutover.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    batch.commit().await?;
+    assert_eq!(cutover.await??, "behind_live");
+    Ok(())
+}
+
 /// Migration 0016 drops and recreates the claim functions (their result gains `replay`): an
 /// installation's grants and comments on them survive it, and work rows queued before it are
 /// first deliveries (`replay` false). Catches: a migration that leaves the functions with the
