@@ -27,16 +27,23 @@ impl BenchStore {
         Ok(())
     }
 
-    /// The oldest open transaction of the daemons' connections, in seconds (0 when none).
-    pub async fn oldest_daemon_transaction(&self) -> Result<f64, StoreError> {
-        sqlx::query_scalar(
-            "/* vantage-bench */ SELECT coalesce(max(extract(epoch FROM clock_timestamp() - xact_start)), 0)::float8 \
+    /// The oldest open transaction of the daemons' connections: its age in seconds (0 when
+    /// none) and the start of the statement it runs or last ran (to name what held it open).
+    pub async fn oldest_daemon_transaction(&self) -> Result<(f64, String), StoreError> {
+        let row = sqlx::query(
+            "/* vantage-bench */ SELECT extract(epoch FROM clock_timestamp() - xact_start)::float8, \
+                    state || ': ' || left(regexp_replace(query, '\\s+', ' ', 'g'), 120) \
              FROM pg_stat_activity WHERE application_name = 'vantage bench daemon' \
-               AND xact_start IS NOT NULL AND state <> 'idle'",
+               AND xact_start IS NOT NULL AND state <> 'idle' \
+             ORDER BY xact_start LIMIT 1",
         )
-        .fetch_one(self.pool())
+        .fetch_optional(self.pool())
         .await
-        .map_err(map_db_error)
+        .map_err(map_db_error)?;
+        Ok(match row {
+            Some(r) => (r.try_get(0).map_err(map_db_error)?, r.try_get(1).map_err(map_db_error)?),
+            None => (0.0, String::new()),
+        })
     }
 
     /// Append → applied latency of version `version` for events appended at or after
