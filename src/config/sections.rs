@@ -122,8 +122,8 @@ pub struct WorkerSettings {
     /// like any other, so a hung handler cannot hold its lane forever.
     #[serde(with = "values::duration")]
     pub apply_timeout: Duration,
-    /// `backfill_batch_size` (default 1000): events a new version's backfill looks at per
-    /// transaction (docs/versions.md, "Backfill").
+    /// `backfill_batch_size` (default 1000): the most events a new version's backfill looks at
+    /// per transaction; a batch also ends after 50 ms (docs/versions.md, "Backfill").
     #[serde(deserialize_with = "values::positive_u32")]
     pub backfill_batch_size: u32,
 }

@@ -3,6 +3,8 @@
 //! rollback and retire. The SQL is migrations/0012_versions.sql; every function here is one
 //! call to it.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgConnection;
 
@@ -257,24 +259,27 @@ impl Store {
         .map_err(map_db_error)
     }
 
-    /// One backfill batch of at most `max` events (its own transaction). With `divert`, the
-    /// batch's events are not applied but become work rows of the version, for the drain to
-    /// take once the backfill is done (how a batch that failed to apply moves on).
+    /// One backfill batch of at most `max` events (its own transaction), which also ends once
+    /// it has run for `budget` (checked every 100 events). With `divert`, the batch's events
+    /// are not applied but become work rows of the version, for the drain to take once the
+    /// backfill is done (how a batch that failed to apply moves on).
     pub(crate) async fn backfill_version(
         &self,
         perspective: &str,
         version: i32,
         max: i32,
+        budget: Duration,
         divert: bool,
     ) -> Result<BackfillStep, StoreError> {
         sqlx::query_as(
             "SELECT outcome, applied, backfill_position, backfill_target, diverted \
-             FROM backfill_perspective_version($1, $2, $3, $4)",
+             FROM backfill_perspective_version($1, $2, $3, $4, $5)",
         )
         .bind(perspective)
         .bind(version)
         .bind(max)
         .bind(divert)
+        .bind(i32::try_from(budget.as_millis()).unwrap_or(i32::MAX))
         .fetch_one(&self.pool)
         .await
         .map_err(map_db_error)

@@ -423,9 +423,9 @@ async fn a_cutover_killed_mid_transaction_leaves_one_version_wholly_live() {
         "BEGIN; SELECT orders_v1.vantage_apply('{}', gen_random_uuid(), gen_random_uuid(), \
          'Shipped', 0, 2, '{}')",
     )
-        .execute(&mut writer)
-        .await
-        .unwrap();
+    .execute(&mut writer)
+    .await
+    .unwrap();
     let mut cutover = env.command(&["perspectives", "cutover", "orders", "--yes"]);
     cutover
         .stdout(std::process::Stdio::null())

@@ -351,8 +351,8 @@ END
 $function$
 ;
 
--- function backfill_perspective_version(text,integer,integer,boolean)
-CREATE OR REPLACE FUNCTION vantage.backfill_perspective_version(p_perspective_name text, p_version integer, p_max integer DEFAULT 1000, p_divert boolean DEFAULT false)
+-- function backfill_perspective_version(text,integer,integer,boolean,integer)
+CREATE OR REPLACE FUNCTION vantage.backfill_perspective_version(p_perspective_name text, p_version integer, p_max integer DEFAULT 1000, p_divert boolean DEFAULT false, p_budget_ms integer DEFAULT NULL::integer)
  RETURNS TABLE(outcome text, applied integer, backfill_position bigint, backfill_target bigint, diverted integer)
  LANGUAGE plpgsql
  SET lock_timeout TO '5s'
@@ -361,9 +361,15 @@ AS $function$
 #variable_conflict use_column
 DECLARE
     v        wh_perspective_versions;
+    v_from   bigint;
     v_last   bigint;
+    v_looked int := 0;
+    v_step   int;
+    v_k      int;
+    v_rows   int;
     v_n      int := 0;
     v_moved  int := 0;
+    v_apply  text;
     v_data   jsonb[];
     v_stream uuid[];
     v_id     uuid[];
@@ -397,11 +403,60 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT max(w.global_position) INTO v_last
-    FROM (SELECT e.global_position FROM wh_event_store e
-          WHERE e.global_position > v.backfill_position
-          ORDER BY e.global_position LIMIT greatest(p_max, 1)) w;
-    IF v_last IS NULL THEN
+    v_from := v.backfill_position;
+    v_apply := format('SELECT %I.vantage_apply_many($1, $2, $3, $4, $5, $6, $7)', v.version_schema);
+    LOOP
+        v_step := least(greatest(p_max, 1) - v_looked, 100);
+        SELECT max(w.global_position), count(*) INTO v_last, v_k
+        FROM (SELECT e.global_position FROM wh_event_store e
+              WHERE e.global_position > v_from
+              ORDER BY e.global_position LIMIT v_step) w;
+        EXIT WHEN v_last IS NULL;
+
+        -- The step's events of this version's types that have no work row of it yet; those to
+        -- divert become work rows first (in position order, as the fan-out writes them).
+        INSERT INTO wh_perspective_events
+            (stream_id, event_id, global_position, stream_version, perspective_name, replay)
+        SELECT e.stream_id, e.event_id, e.global_position, e.stream_version, v.registry_name, true
+        FROM wh_event_store e
+        WHERE e.global_position > v_from AND e.global_position <= v_last
+          AND (e.event_type = ANY (v.event_types) OR '*' = ANY (v.event_types))
+          AND NOT EXISTS (SELECT 1 FROM wh_perspective_events w
+                          WHERE w.perspective_name = v.registry_name AND w.event_id = e.event_id)
+          AND (p_divert
+               OR EXISTS (SELECT 1 FROM wh_perspective_events w
+                          WHERE w.perspective_name = v.registry_name AND w.stream_id = e.stream_id
+                            AND w.stream_version < e.stream_version))
+        ORDER BY e.global_position;
+        GET DIAGNOSTICS v_rows = ROW_COUNT;
+        v_moved := v_moved + v_rows;
+
+        IF NOT p_divert THEN
+            SELECT array_agg(e.event_data ORDER BY e.global_position),
+                   array_agg(e.stream_id ORDER BY e.global_position),
+                   array_agg(e.event_id ORDER BY e.global_position),
+                   array_agg(e.event_type ORDER BY e.global_position),
+                   array_agg(e.global_position ORDER BY e.global_position),
+                   array_agg(e.stream_version ORDER BY e.global_position),
+                   array_agg(e.metadata ORDER BY e.global_position)
+            INTO v_data, v_stream, v_id, v_type, v_pos, v_ver, v_meta
+            FROM wh_event_store e
+            WHERE e.global_position > v_from AND e.global_position <= v_last
+              AND (e.event_type = ANY (v.event_types) OR '*' = ANY (v.event_types))
+              AND NOT EXISTS (SELECT 1 FROM wh_perspective_events w
+                              WHERE w.perspective_name = v.registry_name AND w.event_id = e.event_id);
+            IF v_id IS NOT NULL THEN
+                EXECUTE v_apply INTO v_rows USING v_data, v_stream, v_id, v_type, v_pos, v_ver, v_meta;
+                v_n := v_n + v_rows;
+            END IF;
+        END IF;
+        v_from := v_last;
+        v_looked := v_looked + v_k;
+        EXIT WHEN v_looked >= greatest(p_max, 1)
+               OR clock_timestamp() - statement_timestamp() >= p_budget_ms * interval '1 millisecond';
+    END LOOP;
+
+    IF v_from = v.backfill_position THEN
         -- The visible end: every later event has a work row of this version.
         UPDATE wh_perspective_versions x SET state = 'ready', backfill_done_at = now()
         WHERE x.perspective_name = p_perspective_name AND x.version = p_version;
@@ -414,48 +469,10 @@ BEGIN
         RETURN QUERY SELECT 'ready'::text, 0, v.backfill_position, v.backfill_target, 0;
         RETURN;
     END IF;
-
-    -- The batch's events of this version's types that have no work row of it yet; those to
-    -- divert become work rows first (in position order, as the fan-out writes them).
-    INSERT INTO wh_perspective_events
-        (stream_id, event_id, global_position, stream_version, perspective_name, replay)
-    SELECT e.stream_id, e.event_id, e.global_position, e.stream_version, v.registry_name, true
-    FROM wh_event_store e
-    WHERE e.global_position > v.backfill_position AND e.global_position <= v_last
-      AND (e.event_type = ANY (v.event_types) OR '*' = ANY (v.event_types))
-      AND NOT EXISTS (SELECT 1 FROM wh_perspective_events w
-                      WHERE w.perspective_name = v.registry_name AND w.event_id = e.event_id)
-      AND (p_divert
-           OR EXISTS (SELECT 1 FROM wh_perspective_events w
-                      WHERE w.perspective_name = v.registry_name AND w.stream_id = e.stream_id
-                        AND w.stream_version < e.stream_version))
-    ORDER BY e.global_position;
-    GET DIAGNOSTICS v_moved = ROW_COUNT;
-
-    IF NOT p_divert THEN
-        SELECT array_agg(e.event_data ORDER BY e.global_position),
-               array_agg(e.stream_id ORDER BY e.global_position),
-               array_agg(e.event_id ORDER BY e.global_position),
-               array_agg(e.event_type ORDER BY e.global_position),
-               array_agg(e.global_position ORDER BY e.global_position),
-               array_agg(e.stream_version ORDER BY e.global_position),
-               array_agg(e.metadata ORDER BY e.global_position)
-        INTO v_data, v_stream, v_id, v_type, v_pos, v_ver, v_meta
-        FROM wh_event_store e
-        WHERE e.global_position > v.backfill_position AND e.global_position <= v_last
-          AND (e.event_type = ANY (v.event_types) OR '*' = ANY (v.event_types))
-          AND NOT EXISTS (SELECT 1 FROM wh_perspective_events w
-                          WHERE w.perspective_name = v.registry_name AND w.event_id = e.event_id);
-        IF v_id IS NOT NULL THEN
-            EXECUTE format('SELECT %I.vantage_apply_many($1, $2, $3, $4, $5, $6, $7)', v.version_schema)
-                INTO v_n
-                USING v_data, v_stream, v_id, v_type, v_pos, v_ver, v_meta;
-        END IF;
-    END IF;
     UPDATE wh_perspective_versions x
-    SET backfill_position = v_last, backfill_applied = x.backfill_applied + v_n
+    SET backfill_position = v_from, backfill_applied = x.backfill_applied + v_n
     WHERE x.perspective_name = p_perspective_name AND x.version = p_version;
-    RETURN QUERY SELECT 'applied'::text, v_n, v_last, v.backfill_target, v_moved;
+    RETURN QUERY SELECT 'applied'::text, v_n, v_from, v.backfill_target, v_moved;
 END
 $function$
 ;

@@ -544,6 +544,46 @@ async fn built_version(store: &Store, version: i32, state: &str) -> anyhow::Resu
     anyhow::bail!("version {version} never became {state}")
 }
 
+/// A backfill batch ends after `p_max` events or, with a budget, after the step of 100 events
+/// that used it up: with a budget of 0 ms each batch is one step, and the next batch goes on
+/// from the position the last one recorded, until every event is applied once. Catches: a
+/// budget that is not checked (one batch takes all 250), a position recorded past the events
+/// looked at (events skipped), or short of them (applied twice: the primary key refuses).
+#[tokio::test]
+async fn a_backfill_batch_ends_when_its_time_budget_is_used() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    for _ in 0..50 {
+        append(store, Uuid::new_v4(), &["Placed"; 5]).await?;
+    }
+    sqlx::query(
+        "SELECT register_perspective_version('orders', 1, 'rm', ARRAY['orders'], \
+         ARRAY['Placed'], $1, 'CREATE TABLE orders (event_id uuid PRIMARY KEY)')",
+    )
+    .bind(json!({"Placed": "INSERT INTO orders (event_id) VALUES ($3)"}))
+    .execute(store.pool())
+    .await?;
+    let mut steps = Vec::new();
+    for _ in 0..500 {
+        let (outcome, applied): (String, i32) = sqlx::query_as(
+            "SELECT outcome, applied FROM backfill_perspective_version('orders', 1, 1000, false, 0)",
+        )
+        .fetch_one(store.pool())
+        .await?;
+        match outcome.as_str() {
+            "waiting" => tokio::time::sleep(Duration::from_millis(20)).await,
+            "applied" => steps.push(applied),
+            _ => break,
+        }
+    }
+    assert_eq!(steps, [100, 100, 50]);
+    assert_eq!(
+        count(store, "SELECT count(*) FROM orders_v1.orders").await?,
+        250
+    );
+    Ok(())
+}
+
 /// A cutover fences the live version's applies, not its tables: a VACUUM, ANALYZE or CREATE
 /// INDEX CONCURRENTLY of a live table (SHARE UPDATE EXCLUSIVE, as autovacuum takes after a
 /// backfill) does not hold it up. Catches: a cutover that locks the live version's tables

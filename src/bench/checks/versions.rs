@@ -120,6 +120,11 @@ pub(super) async fn run(bench: &Bench) -> Result<CheckOutcome, BenchError> {
         oldest.0 * 1000.0,
         crate::text::one_line(&oldest.1)
     ));
+    if let Some((calls, mean, max)) = bench.db.backfill_batch_times().await? {
+        out.details.push(format!(
+            "backfill batches seen by pg_stat_statements: {calls} calls, mean {mean:.1} ms, longest {max:.1} ms"
+        ));
+    }
     out.ratio(
         "backfill rate / drain rate (same statement)",
         backfill_rate / drained.rate().max(1e-9),

@@ -39,6 +39,10 @@ impl Backfill {
     const SAMPLE_EVERY: Duration = Duration::from_secs(5);
     /// The longest one batch may take before it is diverted to the drain.
     const BATCH_LIMIT: Duration = Duration::from_secs(60);
+    /// How long one batch may run before it stops taking events (checked every 100 events):
+    /// a batch is one transaction, so this bounds how long the backfill holds a snapshot, however
+    /// slow the version's statements or the server.
+    pub const BATCH_TIME: Duration = Duration::from_millis(50);
 
     /// Backfills the building versions of these perspectives, `batch` events per transaction.
     pub fn new(store: Store, perspectives: Vec<String>, batch: i32) -> Backfill {
@@ -74,8 +78,13 @@ impl BackgroundTask for Backfill {
             while started.elapsed() < Self::ROUND {
                 let step = match bounded(
                     Self::BATCH_LIMIT,
-                    self.store
-                        .backfill_version(&name, version, self.batch, false),
+                    self.store.backfill_version(
+                        &name,
+                        version,
+                        self.batch,
+                        Self::BATCH_TIME,
+                        false,
+                    ),
                 )
                 .await
                 {
@@ -85,8 +94,13 @@ impl BackgroundTask for Backfill {
                         // retries and dead-letters them one by one as for any perspective.
                         let step = bounded(
                             Self::BATCH_LIMIT,
-                            self.store
-                                .backfill_version(&name, version, self.batch, true),
+                            self.store.backfill_version(
+                                &name,
+                                version,
+                                self.batch,
+                                Self::BATCH_TIME,
+                                true,
+                            ),
                         )
                         .await;
                         if let Ok(step) = &step {

@@ -41,8 +41,36 @@ impl BenchStore {
         .await
         .map_err(map_db_error)?;
         Ok(match row {
-            Some(r) => (r.try_get(0).map_err(map_db_error)?, r.try_get(1).map_err(map_db_error)?),
+            Some(r) => (
+                r.try_get(0).map_err(map_db_error)?,
+                r.try_get(1).map_err(map_db_error)?,
+            ),
             None => (0.0, String::new()),
+        })
+    }
+
+    /// The backfill's batches as `pg_stat_statements` saw them (when the server has it loaded):
+    /// calls, and their mean and longest execution time in milliseconds.
+    pub async fn backfill_batch_times(&self) -> Result<Option<(i64, f64, f64)>, StoreError> {
+        let row = sqlx::query(
+            "/* vantage-bench */ SELECT sum(calls)::bigint, \
+                    (sum(total_exec_time) / greatest(sum(calls), 1))::float8, max(max_exec_time)::float8 \
+             FROM public.pg_stat_statements \
+             WHERE query LIKE '%FROM backfill_perspective_version(%' \
+               AND query NOT LIKE '%vantage-bench%'",
+        )
+        .fetch_one(self.pool())
+        .await;
+        // (no pg_stat_statements on this server: nothing to say)
+        let Ok(row) = row else { return Ok(None) };
+        let calls: Option<i64> = row.try_get(0).map_err(map_db_error)?;
+        Ok(match calls {
+            Some(calls) if calls > 0 => Some((
+                calls,
+                row.try_get(1).map_err(map_db_error)?,
+                row.try_get(2).map_err(map_db_error)?,
+            )),
+            _ => None,
         })
     }
 

@@ -1,7 +1,8 @@
--- vantage 0018: a cutover fences the live version's applies, not its tables
+-- vantage 0018: versions never wait on a vacuum, and backfill batches are bounded in time
 -- (switch_perspective_version and register_perspective_version, part 12, redefined;
--- wh_version_fence_key and wh_create_version_apply, new; every registered version's apply
--- functions created again with the fence).
+-- backfill_perspective_version, 0016, recreated with p_budget_ms; wh_version_fence_key and
+-- wh_create_version_apply, new; every registered version's apply functions created again with
+-- the fence).
 --
 -- Found by `vantage bench --checks versions`: cutovers and rollbacks took 7 ms at the median
 -- and up to 757 ms. A cutover locked the live version's tables IN EXCLUSIVE MODE so that the
@@ -25,7 +26,13 @@
 -- apply, so no reader sees the read model step back. Writes to a version's tables made
 -- outside vantage are not fenced (they never were part of the check).
 --
--- Contract: signatures and results unchanged.
+-- Backfill batches were bounded in events only (worker.backfill_batch_size), so one took as long
+-- as its events' statements: 61 ms on average and up to 141 ms in the same bench run, and with
+-- a slow statement a batch is as long as a thousand of them. A batch now also ends once it has
+-- run for p_budget_ms (the daemon passes 50 ms), looking at the events in steps of 100.
+--
+-- Contract: switch_perspective_version and register_perspective_version keep their signatures
+-- and results; backfill_perspective_version (not part of the contract) gains p_budget_ms.
 
 -- The advisory-lock key of a version's fence, namespaced like wh_perspective_lock_key.
 CREATE FUNCTION wh_version_fence_key(p_registry_name text)
@@ -263,6 +270,136 @@ BEGIN
     END IF;
     PERFORM wh_make_live(p_perspective_name, v_target, p_kind, p_actor);
     RETURN QUERY SELECT 'done'::text, v_live.version, v_target, 0::bigint;
+END
+$$;
+
+-- A backfill batch (0016's text, in steps): it looks at the events after its position 100 at a
+-- time, and ends after p_max events or, with p_budget_ms, after the step that has used up the
+-- budget (measured from the statement's start), so a slow statement or a busy server makes
+-- batches smaller instead of longer. Each step diverts and applies its own events exactly as
+-- 0016's whole batch did (the rule is per event and in position order, so a batch cut in
+-- steps decides the same); the position recorded is the last event looked at.
+DROP FUNCTION backfill_perspective_version(text, integer, integer, boolean);
+CREATE FUNCTION backfill_perspective_version(p_perspective_name text, p_version integer, p_max integer DEFAULT 1000, p_divert boolean DEFAULT false, p_budget_ms integer DEFAULT NULL)
+ RETURNS TABLE(outcome text, applied integer, backfill_position bigint, backfill_target bigint, diverted integer)
+ LANGUAGE plpgsql
+ SET lock_timeout TO '5s'
+AS $$
+#variable_conflict use_column
+DECLARE
+    v        wh_perspective_versions;
+    v_from   bigint;
+    v_last   bigint;
+    v_looked int := 0;
+    v_step   int;
+    v_k      int;
+    v_rows   int;
+    v_n      int := 0;
+    v_moved  int := 0;
+    v_apply  text;
+    v_data   jsonb[];
+    v_stream uuid[];
+    v_id     uuid[];
+    v_type   text[];
+    v_pos    bigint[];
+    v_ver    int[];
+    v_meta   jsonb[];
+BEGIN
+    SELECT * INTO v FROM wh_perspective_versions x
+    WHERE x.perspective_name = p_perspective_name AND x.version = p_version
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'busy'::text, 0, NULL::bigint, NULL::bigint, 0;
+        RETURN;
+    END IF;
+    IF v.state <> 'building' THEN
+        RETURN QUERY SELECT v.state, 0, v.backfill_position, v.backfill_target, 0;
+        RETURN;
+    END IF;
+    IF v.backfill_horizon IS NULL THEN
+        -- (taken after the registration committed: later transactions see the registry row)
+        v.backfill_horizon := pg_snapshot_xmax(pg_current_snapshot());
+        v.backfill_target := (SELECT coalesce(max(e.global_position), 0) FROM wh_event_store e);
+        UPDATE wh_perspective_versions x
+        SET backfill_horizon = v.backfill_horizon, backfill_target = v.backfill_target,
+            backfill_started_at = now()
+        WHERE x.perspective_name = p_perspective_name AND x.version = p_version;
+    END IF;
+    IF NOT wh_horizon_passed(v.backfill_horizon) THEN
+        RETURN QUERY SELECT 'waiting'::text, 0, v.backfill_position, v.backfill_target, 0;
+        RETURN;
+    END IF;
+
+    v_from := v.backfill_position;
+    v_apply := format('SELECT %I.vantage_apply_many($1, $2, $3, $4, $5, $6, $7)', v.version_schema);
+    LOOP
+        v_step := least(greatest(p_max, 1) - v_looked, 100);
+        SELECT max(w.global_position), count(*) INTO v_last, v_k
+        FROM (SELECT e.global_position FROM wh_event_store e
+              WHERE e.global_position > v_from
+              ORDER BY e.global_position LIMIT v_step) w;
+        EXIT WHEN v_last IS NULL;
+
+        -- The step's events of this version's types that have no work row of it yet; those to
+        -- divert become work rows first (in position order, as the fan-out writes them).
+        INSERT INTO wh_perspective_events
+            (stream_id, event_id, global_position, stream_version, perspective_name, replay)
+        SELECT e.stream_id, e.event_id, e.global_position, e.stream_version, v.registry_name, true
+        FROM wh_event_store e
+        WHERE e.global_position > v_from AND e.global_position <= v_last
+          AND (e.event_type = ANY (v.event_types) OR '*' = ANY (v.event_types))
+          AND NOT EXISTS (SELECT 1 FROM wh_perspective_events w
+                          WHERE w.perspective_name = v.registry_name AND w.event_id = e.event_id)
+          AND (p_divert
+               OR EXISTS (SELECT 1 FROM wh_perspective_events w
+                          WHERE w.perspective_name = v.registry_name AND w.stream_id = e.stream_id
+                            AND w.stream_version < e.stream_version))
+        ORDER BY e.global_position;
+        GET DIAGNOSTICS v_rows = ROW_COUNT;
+        v_moved := v_moved + v_rows;
+
+        IF NOT p_divert THEN
+            SELECT array_agg(e.event_data ORDER BY e.global_position),
+                   array_agg(e.stream_id ORDER BY e.global_position),
+                   array_agg(e.event_id ORDER BY e.global_position),
+                   array_agg(e.event_type ORDER BY e.global_position),
+                   array_agg(e.global_position ORDER BY e.global_position),
+                   array_agg(e.stream_version ORDER BY e.global_position),
+                   array_agg(e.metadata ORDER BY e.global_position)
+            INTO v_data, v_stream, v_id, v_type, v_pos, v_ver, v_meta
+            FROM wh_event_store e
+            WHERE e.global_position > v_from AND e.global_position <= v_last
+              AND (e.event_type = ANY (v.event_types) OR '*' = ANY (v.event_types))
+              AND NOT EXISTS (SELECT 1 FROM wh_perspective_events w
+                              WHERE w.perspective_name = v.registry_name AND w.event_id = e.event_id);
+            IF v_id IS NOT NULL THEN
+                EXECUTE v_apply INTO v_rows USING v_data, v_stream, v_id, v_type, v_pos, v_ver, v_meta;
+                v_n := v_n + v_rows;
+            END IF;
+        END IF;
+        v_from := v_last;
+        v_looked := v_looked + v_k;
+        EXIT WHEN v_looked >= greatest(p_max, 1)
+               OR clock_timestamp() - statement_timestamp() >= p_budget_ms * interval '1 millisecond';
+    END LOOP;
+
+    IF v_from = v.backfill_position THEN
+        -- The visible end: every later event has a work row of this version.
+        UPDATE wh_perspective_versions x SET state = 'ready', backfill_done_at = now()
+        WHERE x.perspective_name = p_perspective_name AND x.version = p_version;
+        IF NOT EXISTS (SELECT 1 FROM wh_perspective_versions x
+                       WHERE x.perspective_name = p_perspective_name AND x.state = 'live') THEN
+            PERFORM wh_make_live(p_perspective_name, p_version, 'Live', 'vantage backfill');
+            RETURN QUERY SELECT 'live'::text, 0, v.backfill_position, v.backfill_target, 0;
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT 'ready'::text, 0, v.backfill_position, v.backfill_target, 0;
+        RETURN;
+    END IF;
+    UPDATE wh_perspective_versions x
+    SET backfill_position = v_from, backfill_applied = x.backfill_applied + v_n
+    WHERE x.perspective_name = p_perspective_name AND x.version = p_version;
+    RETURN QUERY SELECT 'applied'::text, v_n, v_from, v.backfill_target, v_moved;
 END
 $$;
 
