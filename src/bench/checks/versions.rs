@@ -100,8 +100,15 @@ pub(super) async fn run(bench: &Bench) -> Result<CheckOutcome, BenchError> {
     let drained = drain::drain(bench, &seed, "drain of the events (reference)").await?;
     out.drain_line(&drained);
 
-    // Version 1 backfills all of them (their work rows are the drain perspective's, not its).
-    seed::apply(bench, &seed).await?;
+    // Version 1 backfills all of them. The same events as history only: with the drain's
+    // perspective registered they would also be a backlog of its work rows that nobody drains,
+    // which is no part of a backfill beside a current live system (and every count of the work
+    // table, such as the metrics sampler's, would read it).
+    let history = Seed {
+        perspectives: Vec::new(),
+        ..seed.clone()
+    };
+    seed::apply(bench, &history).await?;
     bench.db.drop_version_schemas().await?;
     let bar = bench
         .progress
