@@ -241,6 +241,29 @@ async fn claim_streams(
     fetch(store, instance, streams).await
 }
 
+/// Returns once `task` has finished or a session running a statement that mentions `function`
+/// waits for a lock: the moment to let the lock's holder go on.
+async fn until_waiting_or_done<T>(
+    store: &Store,
+    function: &str,
+    task: &tokio::task::JoinHandle<T>,
+) -> anyhow::Result<()> {
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock' \
+               AND query LIKE '%' || $1 || '%' AND pid <> pg_backend_pid()",
+        )
+        .bind(function)
+        .fetch_one(store.pool())
+        .await?;
+        if waiting > 0 || task.is_finished() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn ids_of(rows: &[WorkRow]) -> Vec<Uuid> {
     rows.iter().map(|r| r.event_work_id).collect()
 }
@@ -655,19 +678,7 @@ async fn a_cutover_waits_for_the_live_versions_apply_in_flight() -> TestResult {
         })
     };
     // The batch commits once the cutover has run while it was open: finished, or waiting.
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE datname = current_database() AND wait_event_type = 'Lock' \
-               AND query LIKE '%switch_perspective_version%'",
-        )
-        .fetch_one(store.pool())
-        .await?;
-        if waiting > 0 || cutover.is_finished() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_waiting_or_done(store, "switch_perspective_version", &cutover).await?;
     batch.commit().await?;
     assert_eq!(cutover.await??, "behind_live");
     Ok(())
@@ -2774,19 +2785,7 @@ async fn an_append_racing_the_completion_of_its_lane_is_not_stranded() -> TestRe
     };
     // The producer commits only once the completion has run while it was open: finished, or
     // (were it to wait for the appender) waiting for a lock.
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE datname = current_database() AND wait_event_type = 'Lock' \
-               AND query LIKE '%complete_perspective_events%'",
-        )
-        .fetch_one(store.pool())
-        .await?;
-        if waiting > 0 || completion.is_finished() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_waiting_or_done(&store, "complete_perspective_events", &completion).await?;
     producer.commit().await?;
     assert_eq!(completion.await??, 1);
 
@@ -3578,19 +3577,7 @@ async fn a_failed_head_is_due_at_its_backoff_even_after_a_racing_claims_stale_hi
         })
     };
     // Wait until the failure has either finished or is waiting for the lane's lock.
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE datname = current_database() AND wait_event_type = 'Lock' \
-               AND query LIKE '%record_perspective_event_failure%'",
-        )
-        .fetch_one(store.pool())
-        .await?;
-        if waiting > 0 || failure.is_finished() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_waiting_or_done(&store, "record_perspective_event_failure", &failure).await?;
     // The claimer writes the hint it computed from its read, and commits.
     sqlx::query(
         "UPDATE wh_perspective_lanes SET due_at = $2, holder = $3 \
