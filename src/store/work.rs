@@ -40,6 +40,21 @@ pub trait WorkStore: Clone + Send + Sync + std::fmt::Debug + 'static {
         perspectives: &[String],
     ) -> Result<Vec<WorkRow>, StoreError>;
 
+    /// [`claim_work`](Self::claim_work); without `data` the store may leave the rows' payloads
+    /// out (`event_data` `None`): no perspective of the caller reads them.
+    async fn claim_work_reading(
+        &self,
+        instance: InstanceId,
+        lease: Duration,
+        max_lanes: u32,
+        max_rows: u32,
+        perspectives: &[String],
+        _data: bool,
+    ) -> Result<Vec<WorkRow>, StoreError> {
+        self.claim_work(instance, lease, max_lanes, max_rows, perspectives)
+            .await
+    }
+
     /// Gives back rows no handler saw, refunding exactly the bump their claim made.
     async fn release_unstarted(
         &self,
@@ -181,6 +196,19 @@ impl WorkStore for Store {
         max_rows: u32,
         perspectives: &[String],
     ) -> Result<Vec<WorkRow>, StoreError> {
+        self.claim_work_reading(instance, lease, max_lanes, max_rows, perspectives, true)
+            .await
+    }
+
+    async fn claim_work_reading(
+        &self,
+        instance: InstanceId,
+        lease: Duration,
+        max_lanes: u32,
+        max_rows: u32,
+        perspectives: &[String],
+        data: bool,
+    ) -> Result<Vec<WorkRow>, StoreError> {
         Store::claim_work(
             self,
             instance,
@@ -188,6 +216,7 @@ impl WorkStore for Store {
             max_lanes,
             max_rows,
             Some(perspectives),
+            data,
         )
         .await
     }
