@@ -143,7 +143,15 @@ pub mod store {
             max_rows: u32,
             perspectives: Option<&[String]>,
         ) -> impl Future<Output = Result<Vec<WorkRow>, StoreError>> + Send {
-            Store::claim_work(self, instance, lease, max_lanes, max_rows, perspectives)
+            Store::claim_work(
+                self,
+                instance,
+                lease,
+                max_lanes,
+                max_rows,
+                perspectives,
+                true,
+            )
         }
         fn claim_orphaned(
             &self,

@@ -141,6 +141,15 @@ pub trait Perspective: Send + Sync + 'static {
     fn effects_in_transaction(&self) -> bool {
         true
     }
+
+    /// Whether `apply` may read the event's payload ([`EventEnvelope::data`]); true by
+    /// default. A SQL perspective none of whose statements mentions `$1` says false: when no
+    /// perspective of the daemon reads it, claims do not fetch payloads at all (the envelope's
+    /// `data` is then `null`), which spares the database sending them and the daemon decoding
+    /// them.
+    fn reads_data(&self) -> bool {
+        true
+    }
 }
 
 /// The database side of one apply: the transaction that also completes the event's work row,

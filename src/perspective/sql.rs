@@ -160,6 +160,14 @@ impl Perspective for SqlPerspective {
         self.statement(event_type)
     }
 
+    fn reads_data(&self) -> bool {
+        // Any statement that mentions `$1` (the scan the statement batch uses to decide what to
+        // send: a false "mentioned" only costs the payloads, a false "not mentioned" cannot be).
+        self.statements
+            .values()
+            .any(|s| crate::store::mentioned_params(s) & 1 != 0)
+    }
+
     async fn apply(&self, event: &EventEnvelope, tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
         // Configuration guarantees a statement for every subscribed type; an event without one
         // was queued under another subscription (the registry's types differ from this
@@ -225,6 +233,25 @@ mod tests {
         assert!(p.check().is_ok());
         let p = perspective(&["A"], &[("A", "SELECT 2")], None);
         assert_eq!(p.statement("B"), None);
+    }
+
+    #[test]
+    fn reads_data_when_some_statement_mentions_dollar_one() {
+        let p = perspective(
+            &["A", "B"],
+            &[("A", "SELECT $2"), ("B", "SELECT $6, $7")],
+            None,
+        );
+        assert!(!p.reads_data());
+        let p = perspective(
+            &["A", "B"],
+            &[("A", "SELECT $2"), ("B", "SELECT $1->>'x'")],
+            None,
+        );
+        assert!(p.reads_data());
+        // A mention anywhere counts (a comment included): reading too much is only slower.
+        let p = perspective(&["A"], &[("A", "SELECT $2 -- not $1")], None);
+        assert!(p.reads_data());
     }
 
     #[test]

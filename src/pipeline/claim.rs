@@ -37,14 +37,38 @@ pub async fn claim_batch<S: WorkStore>(
     inflight: &Arc<InFlight>,
     max_attempts: Option<u32>,
 ) -> Result<LeasedBatch<S>, StoreError> {
+    claim_batch_reading(
+        store,
+        instance,
+        perspectives,
+        limits,
+        inflight,
+        max_attempts,
+        true,
+    )
+    .await
+}
+
+/// [`claim_batch`], with the rows' payloads fetched only when `data` (some perspective of
+/// `perspectives` reads them: [`Perspective::reads_data`](crate::perspective::Perspective::reads_data)).
+pub(crate) async fn claim_batch_reading<S: WorkStore>(
+    store: &S,
+    instance: InstanceId,
+    perspectives: &[String],
+    limits: &ClaimLimits,
+    inflight: &Arc<InFlight>,
+    max_attempts: Option<u32>,
+    data: bool,
+) -> Result<LeasedBatch<S>, StoreError> {
     let started = Instant::now();
     let rows = store
-        .claim_work(
+        .claim_work_reading(
             instance,
             limits.lease,
             limits.max_streams,
             limits.batch_size,
             perspectives,
+            data,
         )
         .await?;
     let lease = LeasedBatch::take(store.clone(), instance, max_attempts, inflight, rows).await?;

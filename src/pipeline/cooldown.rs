@@ -122,9 +122,13 @@ struct Entry {
 /// standard SipHash was a tenth of the daemon's CPU in this cache, touched several times per
 /// event. Work ids are random (`gen_random_uuid()`) or at least unique, and the cache is
 /// bounded, so flooding resistance buys nothing here; the finaliser still spreads ids that
-/// differ in any bit (sequential or time-ordered ones) over the whole table.
+/// differ in any bit (sequential or time-ordered ones) over the whole table. The in-flight
+/// record ([`super::inflight`]) keys its rows by work id with it too ([`IdMap`]).
 #[derive(Default, Clone, Copy)]
-struct IdHasher(u64);
+pub(crate) struct IdHasher(u64);
+
+/// A map keyed by work id, hashed with [`IdHasher`].
+pub(crate) type IdMap<V> = HashMap<Uuid, V, BuildHasherDefault<IdHasher>>;
 
 impl Hasher for IdHasher {
     fn write(&mut self, bytes: &[u8]) {
@@ -154,7 +158,7 @@ impl Hasher for IdHasher {
 #[derive(Default)]
 struct Inner {
     /// Work id → its latest mark. The source of truth for membership.
-    entries: HashMap<Uuid, Entry, BuildHasherDefault<IdHasher>>,
+    entries: IdMap<Entry>,
     /// `(work id, mark seq)` in mark order, oldest first, hence also in time order. A re-mark
     /// pushes a new pair and leaves the old one behind; a pair whose seq is not the entry's
     /// is stale and skipped when popped. (A sequence number rather than the time tells them

@@ -12,12 +12,14 @@
 //! (the console's chart history, docs/operations.md "The metric history"): the settle stage
 //! adds a committed pass's tally, the sampler takes and writes them.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
+
+use super::cooldown::IdMap;
 
 use crate::store::{leases, InstanceId, Store, StoreError, WorkRow, WorkStore};
 
@@ -79,7 +81,7 @@ pub struct InFlight {
 #[derive(Debug, Default)]
 struct Inner {
     lanes: HashSet<LaneKey>,
-    rows: HashMap<Uuid, Held>,
+    rows: IdMap<Held>,
     /// Server processes running a batch transaction right now (cancelled at an abandoned
     /// shutdown so their transactions roll back and release their locks).
     backends: HashSet<i32>,
@@ -88,11 +90,11 @@ struct Inner {
     /// handler saw each. No claim, ours or another instance's, takes a live instance's valid
     /// lease, so left alone they would stall their lanes until the lease ran out; the consumer
     /// loops give them back before their next claim ([`InFlight::settle_owed`]).
-    owed: HashMap<Uuid, bool>,
+    owed: IdMap<bool>,
     /// Per row, how often a pass that died with its session at a step of its own gave it back
     /// refunded although a handler had seen it ([`InFlight::forgive_started`]). Bounded: cleared
     /// when it grows past [`FORGIVEN_ROWS`], which only gives rows their budget again.
-    forgiven: HashMap<Uuid, u32>,
+    forgiven: IdMap<u32>,
 }
 
 /// Rows [`Inner::forgiven`] remembers at most.

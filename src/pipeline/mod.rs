@@ -91,6 +91,8 @@ pub struct Pipeline<S: WorkStore = Store> {
     pub inflight: Arc<InFlight>,
     /// Whether dead letters can be written (false in in-memory hosts: the filter passes through).
     pub dead_letters_enabled: bool,
+    /// Whether some perspective reads events' payloads (else claims leave them out).
+    pub reads_data: bool,
 }
 
 impl<S: WorkStore> Pipeline<S> {
@@ -105,6 +107,7 @@ impl<S: WorkStore> Pipeline<S> {
     ) -> Pipeline<S> {
         let inflight = InFlight::new();
         let perspectives = registry.names();
+        let reads_data = registry.iter().any(|p| p.reads_data());
         let dead_letters_enabled = store.has_dead_letters();
         Pipeline {
             ctx: ApplyContext {
@@ -127,6 +130,7 @@ impl<S: WorkStore> Pipeline<S> {
             perspectives,
             inflight,
             dead_letters_enabled,
+            reads_data,
         }
     }
 
@@ -150,13 +154,14 @@ impl<S: WorkStore> Pipeline<S> {
         // 1. Claim: the lease handle owns the rows from here on. Its span is never entered, so
         // nothing starts it before the number of rows is on it.
         let claim_span = spans::claim(self.perspectives.len(), self.limits.batch_size);
-        let claim = claim::claim_batch(
+        let claim = claim::claim_batch_reading(
             &ctx.store,
             ctx.instance,
             &self.perspectives,
             &self.limits,
             &self.inflight,
             ctx.max_attempts,
+            self.reads_data,
         );
         let mut lease = tokio::select! {
             biased;

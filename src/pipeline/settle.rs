@@ -110,9 +110,26 @@ impl<S: WorkStore> PassTx<S> {
         cooldown: Option<&Arc<CooldownCache>>,
     ) -> Result<PassTx<S>, StoreError> {
         let tx = store.begin_batch(statement_timeout).await?;
+        Ok(Self::of(tx, inflight, cooldown))
+    }
+
+    /// [`PassTx::begin`] for a pass that calls no handler itself: its transaction begins with
+    /// its first statement, and is that statement alone when it is the statements' call
+    /// ([`WorkStore::begin_batch_deferred`]).
+    pub(crate) async fn begin_deferred(
+        store: &S,
+        statement_timeout: Duration,
+        inflight: &Arc<InFlight>,
+        cooldown: Option<&Arc<CooldownCache>>,
+    ) -> Result<PassTx<S>, StoreError> {
+        let tx = store.begin_batch_deferred(statement_timeout).await?;
+        Ok(Self::of(tx, inflight, cooldown))
+    }
+
+    fn of(tx: S::Tx, inflight: &Arc<InFlight>, cooldown: Option<&Arc<CooldownCache>>) -> Self {
         let guard = tx.backend().map(|pid| inflight.register_backend(pid));
         let transactional = tx.has_database();
-        Ok(PassTx {
+        PassTx {
             tx,
             guard,
             marks: Marks {
@@ -120,7 +137,7 @@ impl<S: WorkStore> PassTx<S> {
                 ids: Vec::new(),
                 transactional,
             },
-        })
+        }
     }
 
     /// Marks a successful apply in the cooldown cache. An effect outside the transaction stays

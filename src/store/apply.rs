@@ -106,7 +106,7 @@ impl<'a> StatementBatch<'a> {
 /// `$01` is `$1`, as the server reads it; numbers beyond 7 fail on the server either way.
 /// The scanner is the one validation uses ([`crate::statement::scan`]); this counts every `$n`
 /// it finds, read by the server or not.
-fn mentioned_params(statement: &str) -> u8 {
+pub(crate) fn mentioned_params(statement: &str) -> u8 {
     crate::statement::scan::dollar_numbers(statement)
         .into_iter()
         .filter(|d| (1..=7).contains(&d.number))

@@ -139,6 +139,7 @@ impl Store {
             pool,
             schema: self.schema.clone(),
             target: self.target.clone(),
+            batch_sessions: Default::default(),
         }
     }
 

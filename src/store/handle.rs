@@ -155,6 +155,8 @@ pub struct Store {
     pub(super) pool: PgPool,
     pub(super) schema: String,
     pub(super) target: String,
+    /// Connections kept for batch transactions, besides the pool (see [`super::work`]).
+    pub(super) batch_sessions: std::sync::Arc<super::work::BatchSessions>,
 }
 
 impl Store {
@@ -184,6 +186,7 @@ impl Store {
                         pool,
                         schema: opts.schema.clone(),
                         target,
+                        batch_sessions: Default::default(),
                     });
                 }
                 Ok(Err(e)) => e,

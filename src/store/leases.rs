@@ -8,7 +8,8 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnection, PgPool};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnection, PgPool, Postgres};
 use uuid::Uuid;
 
 use super::apply::StatementBatch;
@@ -71,6 +72,46 @@ pub async fn apply_statements_and_complete(
     .await
     .map_err(map_db_error)?;
     Ok(n as u64)
+}
+
+/// SQLSTATE of `wh_apply_and_complete_perspective_events_all_or_nothing` when a row of the
+/// batch is no longer ours (migration 0019).
+const LEASE_LOST: &str = "VL001";
+
+/// [`apply_statements_and_complete`] as a statement of its own, outside any transaction, all or
+/// nothing (`wh_apply_and_complete_perspective_events_all_or_nothing`): true when every row of
+/// `complete` was ours and the statements' writes and the completion committed together; false
+/// when some row was no longer ours, and nothing was kept. An error of any statement fails the
+/// call (nothing kept either).
+pub async fn apply_statements_and_complete_alone(
+    conn: &mut PgConnection,
+    batch: &StatementBatch<'_>,
+    instance: InstanceId,
+    complete: &[Uuid],
+) -> Result<bool, StoreError> {
+    let (statements, statement) = batch.canonical();
+    let result = sqlx::query_scalar::<_, i32>(
+        "SELECT wh_apply_and_complete_perspective_events_all_or_nothing\
+         ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+    )
+    .bind(instance.0)
+    .bind(complete)
+    .bind(&statements)
+    .bind(&statement)
+    .bind(batch.sent(1, &batch.data))
+    .bind(batch.sent(2, &batch.stream_id))
+    .bind(batch.sent(3, &batch.event_id))
+    .bind(batch.sent(4, &batch.event_type))
+    .bind(batch.sent(5, &batch.global_position))
+    .bind(batch.sent(6, &batch.stream_version))
+    .bind(batch.sent(7, &batch.metadata))
+    .fetch_one(conn)
+    .await;
+    match result {
+        Ok(_) => Ok(true),
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(LEASE_LOST) => Ok(false),
+        Err(e) => Err(map_db_error(e)),
+    }
 }
 
 /// Records an apply failure (failures + 1, last_error, lease cleared, parked for
@@ -235,13 +276,16 @@ pub async fn renew_leases<'c, E: sqlx::PgExecutor<'c>>(
     Ok(n as u64)
 }
 
-/// Begins a batch transaction whose statements may each run at most `statement_timeout`, and
-/// returns it with its server process id (to cancel its work from elsewhere).
-pub async fn begin_batch(
+/// Opens a batch session: a connection of the pool kept for batches (closed, not returned to
+/// the pool, when it is let go: its settings are a batch's), whose statements may each run at
+/// most `statement_timeout` and wait as long for a lock, and its server process id (to cancel
+/// its work from elsewhere), set and read once, in one round trip.
+pub async fn open_batch_session(
     pool: &PgPool,
     statement_timeout: Duration,
-) -> Result<(sqlx::Transaction<'static, sqlx::Postgres>, i32), StoreError> {
-    let mut tx = pool.begin().await?;
+) -> Result<(PoolConnection<Postgres>, i32), StoreError> {
+    let mut conn = pool.acquire().await.map_err(map_db_error)?;
+    conn.close_on_drop();
     let millis = statement_timeout
         .as_millis()
         .clamp(1, i32::MAX as u128)
@@ -249,14 +293,14 @@ pub async fn begin_batch(
     // (the perspective's statements may wait for locks of the read model as long as they may
     // run; the pool's LOCK_TIMEOUT is for vantage's own statements)
     let pid: i32 = sqlx::query_scalar(
-        "SELECT pg_backend_pid() FROM set_config('statement_timeout', $1, true) s, \
-         set_config('lock_timeout', $1, true) l",
+        "SELECT pg_backend_pid() FROM set_config('statement_timeout', $1, false) s, \
+         set_config('lock_timeout', $1, false) l",
     )
     .bind(millis)
-    .fetch_one(&mut *tx)
+    .fetch_one(&mut *conn)
     .await
     .map_err(map_db_error)?;
-    Ok((tx, pid))
+    Ok((conn, pid))
 }
 
 /// Cancels whatever the server process `pid` is running (the statement of a batch we gave up

@@ -35,7 +35,7 @@ pub use memory::{MemoryStore, MemoryWork};
 
 // The rest is the crate's own; integration tests reach what they drive through
 // `crate::internals::store`.
-pub(crate) use apply::{StatementBatch, StatementParams};
+pub(crate) use apply::{mentioned_params, StatementBatch, StatementParams};
 pub(crate) use claims::WorkRow;
 pub(crate) use console::{BulkOrder, CountedDeadLetters, DeadLetterCursor, DeadLetterFilter};
 pub(crate) use dead_letters::{

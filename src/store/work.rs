@@ -7,10 +7,12 @@
 //! Every change is fenced on the lease holder: a row no longer leased to `instance` is left
 //! alone, and the call says how many rows it changed.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::PgConnection;
+use sqlx::pool::PoolConnection;
+use sqlx::{PgConnection, Postgres};
 use uuid::Uuid;
 
 use super::apply::StatementBatch;
@@ -39,6 +41,21 @@ pub trait WorkStore: Clone + Send + Sync + std::fmt::Debug + 'static {
         max_rows: u32,
         perspectives: &[String],
     ) -> Result<Vec<WorkRow>, StoreError>;
+
+    /// [`claim_work`](Self::claim_work); without `data` the store may leave the rows' payloads
+    /// out (`event_data` `None`): no perspective of the caller reads them.
+    async fn claim_work_reading(
+        &self,
+        instance: InstanceId,
+        lease: Duration,
+        max_lanes: u32,
+        max_rows: u32,
+        perspectives: &[String],
+        _data: bool,
+    ) -> Result<Vec<WorkRow>, StoreError> {
+        self.claim_work(instance, lease, max_lanes, max_rows, perspectives)
+            .await
+    }
 
     /// Gives back rows no handler saw, refunding exactly the bump their claim made.
     async fn release_unstarted(
@@ -92,6 +109,19 @@ pub trait WorkStore: Clone + Send + Sync + std::fmt::Debug + 'static {
 
     /// Begins a batch transaction whose statements may each run `statement_timeout` at most.
     async fn begin_batch(&self, statement_timeout: Duration) -> Result<Self::Tx, StoreError>;
+
+    /// [`begin_batch`](Self::begin_batch) for a pass that may be one call of
+    /// [`WorkTx::apply_statements_and_complete`] and nothing else: the transaction begins with
+    /// its first statement, and when that is the statements' call, the call runs as a
+    /// transaction of its own, all or nothing, and ends the batch transaction (its commit has
+    /// nothing left to do). Until a statement ran, [`WorkTx::connection`] may be `None`: a pass
+    /// that calls handlers itself begins with [`begin_batch`](Self::begin_batch).
+    async fn begin_batch_deferred(
+        &self,
+        statement_timeout: Duration,
+    ) -> Result<Self::Tx, StoreError> {
+        self.begin_batch(statement_timeout).await
+    }
 
     /// Cancels what the server process `backend` of a batch transaction is running.
     async fn cancel_backend(&self, backend: i32) -> Result<bool, StoreError>;
@@ -181,6 +211,19 @@ impl WorkStore for Store {
         max_rows: u32,
         perspectives: &[String],
     ) -> Result<Vec<WorkRow>, StoreError> {
+        self.claim_work_reading(instance, lease, max_lanes, max_rows, perspectives, true)
+            .await
+    }
+
+    async fn claim_work_reading(
+        &self,
+        instance: InstanceId,
+        lease: Duration,
+        max_lanes: u32,
+        max_rows: u32,
+        perspectives: &[String],
+        data: bool,
+    ) -> Result<Vec<WorkRow>, StoreError> {
         Store::claim_work(
             self,
             instance,
@@ -188,6 +231,7 @@ impl WorkStore for Store {
             max_lanes,
             max_rows,
             Some(perspectives),
+            data,
         )
         .await
     }
@@ -247,8 +291,16 @@ impl WorkStore for Store {
     }
 
     async fn begin_batch(&self, statement_timeout: Duration) -> Result<PgWorkTx, StoreError> {
-        let (tx, pid) = leases::begin_batch(self.pool(), statement_timeout).await?;
-        Ok(PgWorkTx { tx, pid })
+        let mut tx = self.batch_tx(statement_timeout).await?;
+        tx.begin().await?;
+        Ok(tx)
+    }
+
+    async fn begin_batch_deferred(
+        &self,
+        statement_timeout: Duration,
+    ) -> Result<PgWorkTx, StoreError> {
+        self.batch_tx(statement_timeout).await
     }
 
     async fn cancel_backend(&self, backend: i32) -> Result<bool, StoreError> {
@@ -260,11 +312,107 @@ impl WorkStore for Store {
     }
 }
 
-/// A batch transaction on PostgreSQL.
+impl Store {
+    /// A batch transaction not begun yet, on a batch session of this store's.
+    async fn batch_tx(&self, statement_timeout: Duration) -> Result<PgWorkTx, StoreError> {
+        let session = match self.batch_sessions.take(statement_timeout) {
+            Some(session) => session,
+            None => {
+                let (conn, pid) =
+                    leases::open_batch_session(self.pool(), statement_timeout).await?;
+                BatchSession {
+                    conn,
+                    pid,
+                    statement_timeout,
+                }
+            }
+        };
+        Ok(PgWorkTx {
+            session: Some(session),
+            sessions: Arc::clone(&self.batch_sessions),
+            state: TxState::NotBegun,
+            unclean: false,
+        })
+    }
+}
+
+/// A connection of the pool kept for batch transactions: its statement and lock timeouts were
+/// set and its server process id read once, so a batch costs no round trip for either (before,
+/// each batch took a connection from the pool, which sqlx pings on acquire, then set both
+/// timeouts and read the pid in a statement of their own). It counts in the pool's size, so
+/// `database.max_connections` still bounds the daemon's sessions.
+#[derive(Debug)]
+struct BatchSession {
+    conn: PoolConnection<Postgres>,
+    pid: i32,
+    statement_timeout: Duration,
+}
+
+/// The batch sessions of a [`Store`] not in use: one per consumer loop in practice (each runs
+/// one batch at a time and takes one back). A session is kept only after a batch left it clean
+/// (committed, or ended by its one statement, with every statement of ours answered); otherwise
+/// its transaction is rolled back first in a task of its own, or it is closed.
+#[derive(Default)]
+pub(crate) struct BatchSessions {
+    idle: Mutex<Vec<BatchSession>>,
+}
+
+impl std::fmt::Debug for BatchSessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let idle = self.idle.lock().map_or(0, |idle| idle.len());
+        f.debug_struct("BatchSessions")
+            .field("idle", &idle)
+            .finish()
+    }
+}
+
+/// Idle batch sessions kept at most (as many as consumer loops there may be).
+const IDLE_SESSIONS: usize = crate::config::MAX_CONSUMERS;
+
+/// How long a session left inside a transaction (or with a statement unanswered) may take to
+/// roll back before it is closed instead.
+const ROLLBACK_WAIT: Duration = Duration::from_secs(5);
+
+impl BatchSessions {
+    /// An idle session with these timeouts, if there is one.
+    fn take(&self, statement_timeout: Duration) -> Option<BatchSession> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let at = idle
+            .iter()
+            .rposition(|s| s.statement_timeout == statement_timeout)?;
+        Some(idle.swap_remove(at))
+    }
+
+    /// Keeps a clean session for the next batch.
+    fn put(&self, session: BatchSession) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < IDLE_SESSIONS {
+            idle.push(session);
+        }
+    }
+}
+
+/// Where a batch transaction is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TxState {
+    /// Nothing sent yet (a deferred begin).
+    NotBegun,
+    /// BEGIN sent.
+    Open,
+    /// Ended: by its one statement (a transaction of its own), or committed.
+    Ended,
+}
+
+/// A batch transaction on PostgreSQL, on a batch session of its store.
 #[derive(Debug)]
 pub struct PgWorkTx {
-    tx: sqlx::Transaction<'static, sqlx::Postgres>,
-    pid: i32,
+    /// `None` once given back.
+    session: Option<BatchSession>,
+    sessions: Arc<BatchSessions>,
+    state: TxState,
+    /// A statement was sent and its answer not read yet (its future may have been dropped), or
+    /// the connection failed: the session is not kept as it is.
+    unclean: bool,
 }
 
 // Savepoints by name, not sqlx's nested transactions: the transaction stays one value that the
@@ -274,23 +422,103 @@ const RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT vantage_event";
 const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT vantage_event";
 
 impl PgWorkTx {
-    async fn run(&mut self, statement: &'static str) -> Result<(), StoreError> {
-        sqlx::query(statement)
-            .execute(&mut *self.tx)
+    /// The session's connection, for one statement: unclean until [`PgWorkTx::answered`].
+    fn conn(&mut self) -> Result<&mut PgConnection, StoreError> {
+        match self.session.as_mut() {
+            Some(session) => {
+                self.unclean = true;
+                Ok(&mut *session.conn)
+            }
+            None => Err(StoreError::Database(sqlx::Error::PoolClosed)),
+        }
+    }
+
+    /// What a statement returned: the session is clean again unless its connection failed.
+    fn answered<T>(&mut self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        self.unclean = matches!(&result, Err(e) if e.is_connection_error());
+        result
+    }
+
+    /// Sends BEGIN.
+    async fn begin(&mut self) -> Result<(), StoreError> {
+        let result = sqlx::query("BEGIN")
+            .execute(self.conn()?)
             .await
-            .map_err(StoreError::Database)?;
+            .map(drop)
+            .map_err(StoreError::Database);
+        self.answered(result)?;
+        self.state = TxState::Open;
         Ok(())
+    }
+
+    /// Begins the transaction if it has not begun; refuses once it has ended (nothing may run
+    /// after the statement that was a transaction of its own).
+    async fn open(&mut self) -> Result<(), StoreError> {
+        match self.state {
+            TxState::Open => Ok(()),
+            TxState::NotBegun => self.begin().await,
+            TxState::Ended => Err(StoreError::Unsupported(
+                "a statement after its batch transaction ended".into(),
+            )),
+        }
+    }
+
+    async fn run(&mut self, statement: &'static str) -> Result<(), StoreError> {
+        self.open().await?;
+        let result = sqlx::query(statement)
+            .execute(self.conn()?)
+            .await
+            .map(drop)
+            .map_err(StoreError::Database);
+        self.answered(result)
+    }
+
+    /// Gives the session back to its store when it is clean; otherwise rolls it back first, in
+    /// a task of its own (as sqlx's pool does with a dropped transaction's connection), and
+    /// closes it if that fails or takes longer than [`ROLLBACK_WAIT`].
+    fn release_session(&mut self) {
+        let Some(mut session) = self.session.take() else {
+            return;
+        };
+        if !self.unclean && self.state != TxState::Open {
+            self.sessions.put(session);
+            return;
+        }
+        let sessions = Arc::clone(&self.sessions);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                // sqlx first reads whatever answer is still due, then rolls back (outside a
+                // transaction, a no-op).
+                let rollback = sqlx::query("ROLLBACK").execute(&mut *session.conn);
+                if let Ok(Ok(_)) = tokio::time::timeout(ROLLBACK_WAIT, rollback).await {
+                    sessions.put(session);
+                }
+            });
+        }
+    }
+}
+
+impl Drop for PgWorkTx {
+    /// Not committed: rolled back, as a dropped sqlx transaction is (the session is kept once
+    /// it has).
+    fn drop(&mut self) {
+        self.release_session();
     }
 }
 
 #[async_trait]
 impl WorkTx for PgWorkTx {
     fn connection(&mut self) -> Option<&mut PgConnection> {
-        Some(&mut self.tx)
+        // (a handler's statement is answered before the pass goes on, or the pass gives the
+        // transaction up; a deferred transaction that has not begun has none to offer)
+        match self.state {
+            TxState::Open => self.session.as_mut().map(|s| &mut *s.conn),
+            TxState::NotBegun | TxState::Ended => None,
+        }
     }
 
     fn backend(&self) -> Option<i32> {
-        Some(self.pid)
+        self.session.as_ref().map(|s| s.pid)
     }
 
     fn has_database(&self) -> bool {
@@ -310,7 +538,9 @@ impl WorkTx for PgWorkTx {
     }
 
     async fn complete(&mut self, instance: InstanceId, ids: &[Uuid]) -> Result<u64, StoreError> {
-        leases::complete(&mut *self.tx, instance, ids).await
+        self.open().await?;
+        let result = leases::complete(self.conn()?, instance, ids).await;
+        self.answered(result)
     }
 
     async fn apply_statements_and_complete(
@@ -319,7 +549,19 @@ impl WorkTx for PgWorkTx {
         instance: InstanceId,
         ids: &[Uuid],
     ) -> Result<u64, StoreError> {
-        leases::apply_statements_and_complete(&mut self.tx, batch, instance, ids).await
+        if self.state == TxState::NotBegun {
+            // The pass's only statement: a transaction of its own, all or nothing.
+            self.state = TxState::Ended;
+            let result =
+                leases::apply_statements_and_complete_alone(self.conn()?, batch, instance, ids)
+                    .await;
+            let all_ours = self.answered(result)?;
+            return Ok(if all_ours { ids.len() as u64 } else { 0 });
+        }
+        self.open().await?;
+        let result =
+            leases::apply_statements_and_complete(self.conn()?, batch, instance, ids).await;
+        self.answered(result)
     }
 
     async fn record_failure(
@@ -329,7 +571,9 @@ impl WorkTx for PgWorkTx {
         error: &str,
         retry_after: Duration,
     ) -> Result<bool, StoreError> {
-        leases::record_failure(&mut *self.tx, instance, id, error, retry_after).await
+        self.open().await?;
+        let result = leases::record_failure(self.conn()?, instance, id, error, retry_after).await;
+        self.answered(result)
     }
 
     async fn release_unstarted(
@@ -337,7 +581,9 @@ impl WorkTx for PgWorkTx {
         instance: InstanceId,
         ids: &[Uuid],
     ) -> Result<u64, StoreError> {
-        leases::release_unstarted(&mut *self.tx, instance, ids).await
+        self.open().await?;
+        let result = leases::release_unstarted(self.conn()?, instance, ids).await;
+        self.answered(result)
     }
 
     async fn release_started(
@@ -345,7 +591,9 @@ impl WorkTx for PgWorkTx {
         instance: InstanceId,
         ids: &[Uuid],
     ) -> Result<u64, StoreError> {
-        leases::release_started(&mut *self.tx, instance, ids).await
+        self.open().await?;
+        let result = leases::release_started(self.conn()?, instance, ids).await;
+        self.answered(result)
     }
 
     async fn move_to_dead_letters(
@@ -355,10 +603,24 @@ impl WorkTx for PgWorkTx {
         reason: &str,
         error: &str,
     ) -> Result<MoveOutcome, StoreError> {
-        leases::move_to_dead_letters(&mut *self.tx, instance, id, reason, error).await
+        self.open().await?;
+        let result = leases::move_to_dead_letters(self.conn()?, instance, id, reason, error).await;
+        self.answered(result)
     }
 
-    async fn commit(self) -> Result<(), StoreError> {
-        self.tx.commit().await.map_err(StoreError::Database)
+    async fn commit(mut self) -> Result<(), StoreError> {
+        if self.state == TxState::Open {
+            let result = sqlx::query("COMMIT")
+                .execute(self.conn()?)
+                .await
+                .map(drop)
+                .map_err(StoreError::Database);
+            self.answered(result)?;
+        }
+        // (a transaction that never began has nothing to commit; one that ended with its
+        // statement committed then)
+        self.state = TxState::Ended;
+        self.release_session();
+        Ok(())
     }
 }

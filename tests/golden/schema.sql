@@ -1422,6 +1422,30 @@ END
 $function$
 ;
 
+-- function wh_apply_and_complete_perspective_events_all_or_nothing(uuid,uuid[],text[],integer[],jsonb[],uuid[],uuid[],text[],bigint[],integer[],jsonb[])
+CREATE OR REPLACE FUNCTION vantage.wh_apply_and_complete_perspective_events_all_or_nothing(p_instance_id uuid, p_event_work_ids uuid[], p_statements text[], p_statement integer[], p_data jsonb[], p_stream_id uuid[], p_event_id uuid[], p_event_type text[], p_global_position bigint[], p_stream_version integer[], p_metadata jsonb[])
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+DECLARE
+    v_want int := coalesce(cardinality(p_event_work_ids), 0);
+    v_done int;
+BEGIN
+    v_done := apply_and_complete_perspective_events(p_instance_id, p_event_work_ids, p_statements,
+                                                    p_statement, p_data, p_stream_id, p_event_id,
+                                                    p_event_type, p_global_position,
+                                                    p_stream_version, p_metadata);
+    IF v_done < v_want THEN
+        RAISE EXCEPTION 'wh_apply_and_complete_perspective_events_all_or_nothing: % of % rows are no longer leased to instance %; the batch was rolled back',
+            v_want - v_done, v_want, p_instance_id
+            USING ERRCODE = 'VL001';
+    END IF;
+    RETURN v_done;
+END
+$function$
+;
+
 -- function wh_claimable_perspectives(text[])
 CREATE OR REPLACE FUNCTION vantage.wh_claimable_perspectives(p_names text[])
  RETURNS text[]

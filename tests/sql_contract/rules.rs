@@ -1692,6 +1692,66 @@ async fn non_holder_cannot_complete_renew_or_fail() -> TestResult {
     Ok(())
 }
 
+/// Rule 9, the daemon's batch as a statement of its own (`wh_apply_and_complete_perspective_events_all_or_nothing`, 0019):
+/// when a row of the batch is not the caller's, it raises `VL001` and nothing of the batch is
+/// kept (the statements' writes roll back, the caller's rows stay); when every row is, the
+/// writes and the completion commit together. Catches: the check missing or after the fact (a
+/// write kept for rows another instance will apply again), a completion kept although the
+/// batch failed, the all-ours case refused.
+#[tokio::test]
+async fn a_batch_applied_alone_keeps_nothing_when_a_row_is_not_ours() -> TestResult {
+    let ctx = setup().await?;
+    let store = &ctx.store;
+    perspective(store, "P1", &["*"]).await?;
+    sqlx::query("CREATE TABLE public.alone_applied (v int)")
+        .execute(store.pool())
+        .await?;
+    let a = live_instance(store).await?;
+    let b = live_instance(store).await?;
+    let (s, t) = (Uuid::new_v4(), Uuid::new_v4());
+    append(store, s, &["A", "B"]).await?;
+    let mine = claim_streams(store, a, &[s]).await?;
+    append(store, t, &["A"]).await?;
+    let theirs = claim_streams(store, b, &[t]).await?;
+    assert_eq!((mine.len(), theirs.len()), (2, 1));
+    let call = |ids: Vec<Uuid>| {
+        sqlx::query_scalar::<_, i32>(
+            "SELECT wh_apply_and_complete_perspective_events_all_or_nothing($1, $2, \
+             ARRAY['INSERT INTO public.alone_applied VALUES ($6)'], $3, \
+             NULL, NULL, NULL, NULL, NULL, $4, NULL)",
+        )
+        .bind(a.0)
+        .bind(ids.clone())
+        .bind(vec![1i32; ids.len()])
+        .bind((1..=ids.len() as i32).collect::<Vec<i32>>())
+        .fetch_one(store.pool())
+    };
+    let applied = || sqlx::query_scalar::<_, i64>("SELECT count(*) FROM public.alone_applied");
+
+    let refused = call(vec![mine[0].event_work_id, theirs[0].event_work_id])
+        .await
+        .expect_err("a row of another instance's in the batch");
+    assert_eq!(sqlstate(&refused).as_deref(), Some("VL001"), "{refused}");
+    assert_eq!(
+        applied().fetch_one(store.pool()).await?,
+        0,
+        "writes rolled back"
+    );
+    assert!(
+        work(store, mine[0].event_work_id).await?.is_some(),
+        "ours not completed"
+    );
+    assert!(work(store, theirs[0].event_work_id).await?.is_some());
+
+    let ids: Vec<Uuid> = mine.iter().map(|r| r.event_work_id).collect();
+    assert_eq!(call(ids.clone()).await?, 2);
+    assert_eq!(applied().fetch_one(store.pool()).await?, 2);
+    for id in ids {
+        assert!(work(store, id).await?.is_none(), "{id} completed");
+    }
+    Ok(())
+}
+
 /// Rule 10. release_unstarted_leases unleases with a refund (attempts − 1, never below 0) and
 /// only the caller's rows; deregister_instance releases every lease of the instance with the
 /// same refund and removes it. Catches: no refund, a refund going negative, a release that is not

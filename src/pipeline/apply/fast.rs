@@ -24,13 +24,30 @@ pub(super) async fn apply_fast<S: WorkStore>(
     lanes: &[Lane],
     skip: &mut HashSet<Uuid>,
 ) -> Result<Option<BatchOutcome>, Abort> {
-    let mut ptx = PassTx::begin(
-        &ctx.store,
-        ctx.apply_timeout,
-        &ctx.inflight,
-        ctx.cooldown.as_ref(),
-    )
-    .await?;
+    // When every lane is applied set-wise, the pass is the statements' call and nothing else:
+    // its transaction is that call alone (one round trip), all or nothing.
+    let all_set_wise = lanes.iter().all(|lane| {
+        lane.events
+            .iter()
+            .all(|e| lane.perspective.batch_statement(&e.event_type).is_some())
+    });
+    let mut ptx = if all_set_wise {
+        PassTx::begin_deferred(
+            &ctx.store,
+            ctx.apply_timeout,
+            &ctx.inflight,
+            ctx.cooldown.as_ref(),
+        )
+        .await?
+    } else {
+        PassTx::begin(
+            &ctx.store,
+            ctx.apply_timeout,
+            &ctx.inflight,
+            ctx.cooldown.as_ref(),
+        )
+        .await?
+    };
     let mut decisions = Decisions::default();
     // Lanes of SQL perspectives are applied set-wise: their statements go to the database in
     // one round trip, after the other lanes (lanes are independent; each keeps its order).
