@@ -13,11 +13,11 @@
 //!   pass's outcome is durable (`vantage.outcome`: applied, failed, dead_lettered, released),
 //!   or with `rolled_back` when the pass was given up and the event is tried again.
 
-use opentelemetry::trace::{Link, Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
-use opentelemetry::{Context, KeyValue};
+use std::sync::Arc;
+
+use opentelemetry::trace::Status;
 use tracing::field::Empty;
 use tracing::Span;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::envelope::EventEnvelope;
 use crate::telemetry::traces::{self, TARGET};
@@ -102,11 +102,12 @@ enum Pending {
 /// The apply span of one traced event in one pass (see the module's text). Dropped: ended with
 /// the outcome, if the pass committed ([`ApplySpan::durable`]), else `rolled_back`.
 ///
-/// Made with the SDK's tracer directly rather than through `tracing`: with every event
-/// traced, this span is made once per row on the drain's path, and the `tracing` layer's own
-/// bookkeeping per span cost more than the span itself.
+/// Recorded without the SDK's span object, nor `tracing` ([`traces::Applies`]): with every
+/// event traced this span is made once per row on the drain's path, and both cost more per
+/// span than the rest of tracing together.
 pub(crate) struct ApplySpan {
-    span: opentelemetry_sdk::trace::Span,
+    record: Option<traces::ApplyRecord>,
+    to: Arc<traces::Applies>,
     pending: Option<Pending>,
     durable: bool,
 }
@@ -117,41 +118,28 @@ impl ApplySpan {
         if !tracing::enabled!(target: TARGET, tracing::Level::TRACE) {
             return None;
         }
-        let producer = traces::parent_of(&ev.metadata)?;
-        let tracer = traces::DirectTracer::current()?;
-        let batch = Span::current().context().span().span_context().clone();
+        let producer = traces::parent_span_context(&ev.metadata)?;
+        let (to, batch) = traces::Applies::current()?;
         let first = ev.attempts <= 1 && ev.failures == 0;
-        let mut links = Vec::with_capacity(2);
-        if !first {
-            links.push(Link::with_context(producer.span().span_context().clone()));
-        }
-        if batch.is_valid() {
-            links.push(Link::with_context(batch));
-        }
         // Few attributes, each small: with every event traced, the spans' size is most of
         // what exporting them costs. The event id, stream version and failure count are in
         // the database under the position.
-        let builder = tracer
-            .span_builder(format!("apply {}", ev.perspective_name))
-            .with_kind(SpanKind::Consumer)
-            .with_links(links)
-            .with_attributes([
-                KeyValue::new("vantage.perspective", ev.perspective_name.clone()),
-                // (encoded without the formatting machinery: this runs once per traced row)
-                KeyValue::new(
-                    "vantage.stream_id",
-                    ev.stream_id
-                        .hyphenated()
-                        .encode_lower(&mut uuid::Uuid::encode_buffer())
-                        .to_owned(),
-                ),
-                KeyValue::new("vantage.global_position", ev.global_position),
-                KeyValue::new("vantage.event_type", ev.event_type.clone()),
-                KeyValue::new("vantage.attempts", i64::from(ev.attempts)),
-            ]);
-        let parent = if first { producer } else { Context::new() };
+        let event = traces::ApplyEvent {
+            perspective: &ev.perspective_name,
+            event_type: &ev.event_type,
+            stream_id: ev.stream_id,
+            global_position: ev.global_position,
+            attempts: ev.attempts,
+        };
+        let record = if first {
+            to.start(&event, Some(&producer), [None, batch])
+        } else {
+            // A trace of its own, linked to the producer's span (then to its batch).
+            to.start(&event, None, [Some(producer), batch])
+        }?;
         Some(ApplySpan {
-            span: builder.start_with_context(&tracer, &parent),
+            record: Some(record),
+            to,
             pending: None,
             durable: false,
         })
@@ -182,21 +170,18 @@ impl ApplySpan {
 impl Drop for ApplySpan {
     fn drop(&mut self) {
         let (outcome, status) = if !self.durable {
-            ("rolled_back", None)
+            ("rolled_back", Status::Unset)
         } else {
             match self.pending.take() {
-                Some(Pending::Applied) => ("applied", Some(Status::Ok)),
-                Some(Pending::Failed(error)) => ("failed", Some(Status::error(error))),
-                Some(Pending::DeadLettered(error)) => ("dead_lettered", Some(Status::error(error))),
+                Some(Pending::Applied) => ("applied", Status::Ok),
+                Some(Pending::Failed(error)) => ("failed", Status::error(error)),
+                Some(Pending::DeadLettered(error)) => ("dead_lettered", Status::error(error)),
                 // Reached but not decided: given back behind a failure of its lane.
-                None => ("released", None),
+                None => ("released", Status::Unset),
             }
         };
-        self.span
-            .set_attribute(KeyValue::new("vantage.outcome", outcome));
-        if let Some(status) = status {
-            self.span.set_status(status);
+        if let Some(record) = self.record.take() {
+            self.to.end(record, outcome, status);
         }
-        self.span.end();
     }
 }

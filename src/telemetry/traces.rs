@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
@@ -20,11 +20,11 @@ use opentelemetry::trace::{
     Link, SpanContext, SpanId, SpanKind, TraceContextExt, TraceFlags, TraceId, TraceState,
     TracerProvider,
 };
-use opentelemetry::{Context, KeyValue, Value};
+use opentelemetry::{Context, InstrumentationScope, KeyValue, Value};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, Sampler, SamplingDecision, SamplingResult,
-    SdkTracerProvider, ShouldSample, SpanExporter,
+    SdkTracerProvider, ShouldSample, SimpleSpanProcessor, SpanExporter, SpanProcessor,
 };
 use opentelemetry_sdk::Resource;
 use tracing::Subscriber;
@@ -288,40 +288,108 @@ impl ShouldSample for QuietIdle {
     }
 }
 
-/// The provider of this process, once traces are installed, for [`flush`].
-static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
+/// The traces of this process, once installed, for [`flush`].
+static PROVIDER: OnceLock<Traces> = OnceLock::new();
+
+/// A tracer provider, and where the apply spans its [`layer`] starts go (they are made without
+/// the SDK's span object: `traces/apply.rs` says why). Derefs to the SDK's provider, whose
+/// `force_flush` and `shutdown` reach the apply spans too.
+pub struct Traces {
+    provider: SdkTracerProvider,
+    applies: Arc<Applies>,
+}
+
+impl std::ops::Deref for Traces {
+    type Target = SdkTracerProvider;
+
+    fn deref(&self) -> &SdkTracerProvider {
+        &self.provider
+    }
+}
+
+/// The name of vantage's tracer (its spans' instrumentation scope).
+const TRACER: &str = "vantage";
+
+fn scope() -> InstrumentationScope {
+    InstrumentationScope::builder(TRACER).build()
+}
+
+/// A processor shared between the provider and the apply spans.
+#[derive(Debug)]
+struct Shared(Arc<dyn SpanProcessor>);
+
+impl SpanProcessor for Shared {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &Context) {
+        self.0.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: opentelemetry_sdk::trace::SpanData) {
+        self.0.on_end(span);
+    }
+
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.0.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.0.shutdown_with_timeout(timeout)
+    }
+
+    // (The resource was given to the processor before it was shared.)
+}
+
+/// The provider of `processor` (given `resource` already) sampling as `sampler` says, with
+/// the apply spans going to `applies` (`None`: made into span data for `processor`).
+fn traces_with(
+    processor: Arc<dyn SpanProcessor>,
+    applies: Option<apply::Sink>,
+    sampler: &SamplerChoice,
+    resource: Resource,
+) -> Traces {
+    let applies = applies.unwrap_or_else(|| apply::Sink::Processor {
+        processor: Arc::clone(&processor),
+        scope: scope(),
+    });
+    Traces {
+        provider: SdkTracerProvider::builder()
+            .with_span_processor(Shared(processor))
+            .with_sampler(QuietIdle::new(sampler))
+            .with_resource(resource)
+            .build(),
+        applies: Arc::new(Applies::new(sampler, applies)),
+    }
+}
 
 /// A tracer provider exporting to the OTLP collector of `settings` in batches, from a thread of
-/// the SDK's own (`OTEL_BSP_*` tune the batches; `OTEL_EXPORTER_OTLP_HEADERS` and `…_TIMEOUT`
-/// are honoured).
+/// its own (`OTEL_BSP_*` tune the batches; `OTEL_EXPORTER_OTLP_HEADERS` and `…_TIMEOUT` are
+/// honoured).
 ///
 /// # Errors
 /// [`TelemetryError::Traces`] if the exporter cannot be built.
-pub fn provider(settings: &TraceSettings) -> Result<SdkTracerProvider, TelemetryError> {
+pub fn provider(settings: &TraceSettings) -> Result<Traces, TelemetryError> {
     use opentelemetry_otlp::{Protocol, WithExportConfig};
     // reqwest is built without a TLS provider of its own: use ring, which sqlx uses already.
     // Err = one is installed already, which is as good.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    // The SDK's default queue (2 048 spans) fills in a fraction of a second when every event
-    // of a busy drain is traced; a span that finds it full is dropped. 16 384 spans are about
-    // 16 MiB at most. `OTEL_BSP_MAX_QUEUE_SIZE` still decides when set.
-    let mut batches = BatchConfigBuilder::default();
-    if std::env::var_os("OTEL_BSP_MAX_QUEUE_SIZE").is_none() {
-        batches = batches.with_max_queue_size(MAX_QUEUED_SPANS);
-    }
-    let processor = match settings.protocol {
-        // Ours: the reference encoder costs the drain too much per span (otlp.rs says why).
+    let resource = resource(&settings.service_name);
+    match settings.protocol {
+        // Ours: the reference encoder and the SDK's batch processor cost the drain too much
+        // per span (otlp.rs says why).
         OtlpProtocol::HttpProtobuf => {
-            let exporter = otlp::ProtobufExporter::new(&settings.endpoint).map_err(|e| {
-                TelemetryError::Traces {
+            let limits = otlp::Limits::from_env(|name| std::env::var(name).ok(), MAX_QUEUED_SPANS);
+            let queue = otlp::Queue::new(&settings.endpoint, resource.clone(), scope(), limits)
+                .map_err(|e| TelemetryError::Traces {
                     origin: e.origin,
                     value: e.value,
                     expected: e.expected,
-                }
-            })?;
-            BatchSpanProcessor::builder(Counted(exporter))
-                .with_batch_config(batches.build())
-                .build()
+                })?;
+            let queue = Arc::new(queue);
+            Ok(traces_with(
+                queue.clone(),
+                Some(apply::Sink::Encoded(queue)),
+                &settings.sampler,
+                resource,
+            ))
         }
         OtlpProtocol::HttpJson => {
             let exporter = opentelemetry_otlp::SpanExporter::builder()
@@ -334,19 +402,30 @@ pub fn provider(settings: &TraceSettings) -> Result<SdkTracerProvider, Telemetry
                     value: settings.endpoint.clone(),
                     expected: e.to_string(),
                 })?;
-            BatchSpanProcessor::builder(Counted(exporter))
+            // The SDK's default queue (2 048 spans) fills in a fraction of a second when
+            // every event of a busy drain is traced; a span that finds it full is dropped.
+            // `OTEL_BSP_MAX_QUEUE_SIZE` still decides when set.
+            let mut batches = BatchConfigBuilder::default();
+            if std::env::var_os("OTEL_BSP_MAX_QUEUE_SIZE").is_none() {
+                batches = batches.with_max_queue_size(MAX_QUEUED_SPANS);
+            }
+            let mut processor = BatchSpanProcessor::builder(Counted(exporter))
                 .with_batch_config(batches.build())
-                .build()
+                .build();
+            processor.set_resource(&resource);
+            Ok(traces_with(
+                Arc::new(processor),
+                None,
+                &settings.sampler,
+                resource,
+            ))
         }
-    };
-    Ok(SdkTracerProvider::builder()
-        .with_span_processor(processor)
-        .with_sampler(QuietIdle::new(&settings.sampler))
-        .with_resource(resource(&settings.service_name))
-        .build())
+    }
 }
 
-/// Spans waiting for export at most, unless `OTEL_BSP_MAX_QUEUE_SIZE` says otherwise.
+/// Spans waiting for export at most, unless `OTEL_BSP_MAX_QUEUE_SIZE` says otherwise: the
+/// SDK's default (2 048) fills in a fraction of a second when every event of a busy drain is
+/// traced. 16 384 spans are about 5 MiB encoded.
 pub const MAX_QUEUED_SPANS: usize = 16_384;
 
 /// Spans the exporter of this process sent, and spans whose export failed.
@@ -386,6 +465,31 @@ fn warn_export_failed(error: &opentelemetry_sdk::error::OTelSdkError, spans: u64
     }
 }
 
+/// Counts `spans` exported, or failed with `result`'s error ([`exported`], and the metrics).
+fn counted(result: &opentelemetry_sdk::error::OTelSdkResult, spans: u64) {
+    match result {
+        Ok(()) => {
+            EXPORTED.fetch_add(spans, Ordering::Relaxed);
+            metrics::counter!(m::TRACE_SPANS_EXPORTED_TOTAL).increment(spans);
+        }
+        Err(error) => {
+            FAILED.fetch_add(spans, Ordering::Relaxed);
+            metrics::counter!(m::TRACE_SPANS_FAILED_TOTAL).increment(spans);
+            warn_export_failed(error, spans);
+        }
+    }
+}
+
+/// Counts `spans` dropped by a full queue as failed.
+fn dropped(spans: u64) {
+    counted(
+        &Err(opentelemetry_sdk::error::OTelSdkError::InternalFailure(format!(
+            "the queue of spans waiting for export is full ({MAX_QUEUED_SPANS} unless OTEL_BSP_MAX_QUEUE_SIZE says otherwise): the collector is slower than the drain"
+        ))),
+        spans,
+    );
+}
+
 /// An exporter that counts what it exports ([`exported`], and the metrics).
 #[derive(Debug)]
 struct Counted<E>(E);
@@ -399,17 +503,7 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
         let export = self.0.export(batch);
         async move {
             let result = export.await;
-            match &result {
-                Ok(()) => {
-                    EXPORTED.fetch_add(n, Ordering::Relaxed);
-                    metrics::counter!(m::TRACE_SPANS_EXPORTED_TOTAL).increment(n);
-                }
-                Err(error) => {
-                    FAILED.fetch_add(n, Ordering::Relaxed);
-                    metrics::counter!(m::TRACE_SPANS_FAILED_TOTAL).increment(n);
-                    warn_export_failed(error, n);
-                }
-            }
+            counted(&result, n);
             result
         }
     }
@@ -429,15 +523,11 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
 
 /// A tracer provider that hands every finished span to `exporter` at once (tests, with the
 /// SDK's in-memory exporter), sampling as `sampler` says.
-pub fn provider_with<E: SpanExporter + 'static>(
-    exporter: E,
-    sampler: &SamplerChoice,
-) -> SdkTracerProvider {
-    SdkTracerProvider::builder()
-        .with_simple_exporter(exporter)
-        .with_sampler(QuietIdle::new(sampler))
-        .with_resource(resource("vantage"))
-        .build()
+pub fn provider_with<E: SpanExporter + 'static>(exporter: E, sampler: &SamplerChoice) -> Traces {
+    let resource = resource("vantage");
+    let mut processor = SimpleSpanProcessor::new(exporter);
+    processor.set_resource(&resource);
+    traces_with(Arc::new(processor), None, sampler, resource)
 }
 
 fn resource(service_name: &str) -> Resource {
@@ -448,13 +538,13 @@ fn resource(service_name: &str) -> Resource {
 }
 
 /// The `tracing` layer that turns the spans of [`TARGET`] into OpenTelemetry spans of
-/// `provider` (nothing else: log lines stay log lines).
-pub fn layer<S>(provider: &SdkTracerProvider) -> impl Layer<S> + Send + Sync
+/// `traces` (nothing else: log lines stay log lines).
+pub fn layer<S>(traces: &Traces) -> impl Layer<S> + Send + Sync
 where
     S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
 {
     tracing_opentelemetry::layer()
-        .with_tracer(provider.tracer("vantage"))
+        .with_tracer(traces.provider.tracer(TRACER))
         // Each of these is work per span that a trace viewer does not need from us.
         .with_location(false)
         .with_threads(false)
@@ -466,32 +556,42 @@ where
         .with_context_activation(false)
         .with_filter(Targets::new().with_target(TARGET, tracing::Level::TRACE))
         .and_then(
-            DirectTracer(provider.tracer("vantage"))
+            ApplyLayer(Arc::clone(&traces.applies))
                 .with_filter(Targets::new().with_target(TARGET, tracing::Level::TRACE)),
         )
 }
 
-/// The tracer of [`layer`]'s provider, found through the current `tracing` dispatcher: the
-/// pipeline makes the span of each event's apply with it directly, not through `tracing`,
+/// Where the apply spans of [`layer`]'s provider go, found through the current `tracing`
+/// dispatcher: the pipeline records each event's apply span itself, not through `tracing`,
 /// because with every event traced the layer's own bookkeeping per span (a registry entry,
 /// field visitors, a builder kept in the span's extensions) was most of tracing's cost on the
 /// drain's path. A layer that does nothing; its filter keeps it out of every callsite's
 /// interest, so it changes nothing for log lines.
-#[derive(Clone)]
-pub(crate) struct DirectTracer(pub(crate) opentelemetry_sdk::trace::SdkTracer);
+struct ApplyLayer(Arc<Applies>);
 
-impl<S: Subscriber> Layer<S> for DirectTracer {}
+impl<S: Subscriber> Layer<S> for ApplyLayer {}
 
-impl DirectTracer {
-    /// The tracer of the current dispatcher's trace layer, if it has one.
-    pub(crate) fn current() -> Option<opentelemetry_sdk::trace::SdkTracer> {
-        tracing::dispatcher::get_default(|d| d.downcast_ref::<DirectTracer>().map(|t| t.0.clone()))
+impl Applies {
+    /// Those of the current dispatcher's trace layer, if it has one, with the span context of
+    /// the current span (the batch's) when it is exported. One look at the dispatcher for both:
+    /// this runs once per traced event.
+    pub(crate) fn current() -> Option<(Arc<Applies>, Option<SpanContext>)> {
+        tracing::dispatcher::get_default(|d| {
+            let applies = Arc::clone(&d.downcast_ref::<ApplyLayer>()?.0);
+            let batch = d
+                .current_span()
+                .id()
+                .and_then(|id| tracing_opentelemetry::get_otel_context(id, d))
+                .map(|cx| cx.span().span_context().clone())
+                .filter(SpanContext::is_valid);
+            Some((applies, batch))
+        })
     }
 }
 
-/// Remembers `provider` as the process's, for [`flush`] (the first one wins).
-pub(crate) fn remember(provider: SdkTracerProvider) {
-    let _ = PROVIDER.set(provider);
+/// Remembers `traces` as the process's, for [`flush`] (the first one wins).
+pub(crate) fn remember(traces: Traces) {
+    let _ = PROVIDER.set(traces);
 }
 
 /// Exports the spans still queued and stops the exporter, waiting at most `timeout`: call it
@@ -528,6 +628,12 @@ impl Extractor for MetadataCarrier<'_> {
 /// parsing each part, cost about 2 800 instructions an event. `tracestate`, when present, is
 /// the SDK's to parse.
 pub fn parent_of(metadata: &serde_json::Value) -> Option<Context> {
+    parent_span_context(metadata).map(|span| Context::new().with_remote_span_context(span))
+}
+
+/// [`parent_of`]'s span context, without a `Context` around it (which costs an allocation an
+/// event).
+pub(crate) fn parent_span_context(metadata: &serde_json::Value) -> Option<SpanContext> {
     let map = metadata.as_object()?;
     let carrier = MetadataCarrier(map);
     let (trace_id, span_id, flags) = traceparent(carrier.get("traceparent")?)?;
@@ -536,24 +642,13 @@ pub fn parent_of(metadata: &serde_json::Value) -> Option<Context> {
         .map(|s| s.parse::<TraceState>().unwrap_or_default())
         .unwrap_or_default();
     let span = SpanContext::new(trace_id, span_id, flags, true, state);
-    span.is_valid()
-        .then(|| Context::new().with_remote_span_context(span))
+    span.is_valid().then_some(span)
 }
 
 /// A W3C `traceparent`: version, trace id, parent id and flags (only `sampled` is kept, as
 /// the standard says of flags it does not define). Version `ff` is invalid; a version above 00
 /// may carry more after a `-`, which is ignored.
 fn traceparent(header: &str) -> Option<(TraceId, SpanId, TraceFlags)> {
-    fn hex(digits: &[u8]) -> Option<u128> {
-        digits.iter().try_fold(0u128, |value, &c| {
-            let digit = match c {
-                b'0'..=b'9' => c - b'0',
-                b'a'..=b'f' => c - b'a' + 10,
-                _ => return None,
-            };
-            Some(value << 4 | u128::from(digit))
-        })
-    }
     let h = header.trim().as_bytes();
     if h.len() < 55 || h[2] != b'-' || h[35] != b'-' || h[52] != b'-' {
         return None;
@@ -567,14 +662,41 @@ fn traceparent(header: &str) -> Option<(TraceId, SpanId, TraceFlags)> {
     if version == 0xff || !rest_ok {
         return None;
     }
-    let trace = hex(&h[3..35])?;
-    let span = u64::try_from(hex(&h[36..52])?).ok()?;
-    let flags = u8::try_from(hex(&h[53..55])?).ok()?;
+    let trace = u128::from(hex(&h[3..19])?) << 64 | u128::from(hex(&h[19..35])?);
+    let span = hex(&h[36..52])?;
+    let flags = hex(&h[53..55])? as u8;
     Some((
         TraceId::from_bytes(trace.to_be_bytes()),
         SpanId::from_bytes(span.to_be_bytes()),
         TraceFlags::new(flags) & TraceFlags::SAMPLED,
     ))
+}
+
+/// Up to 16 lowercase hex digits (as W3C writes them), by table: this runs on 48 digits per
+/// traced event.
+fn hex(digits: &[u8]) -> Option<u64> {
+    const fn table() -> [u8; 256] {
+        let mut t = [0xff; 256];
+        let mut c = 0;
+        while c < 256 {
+            t[c] = match c as u8 {
+                b'0'..=b'9' => c as u8 - b'0',
+                b'a'..=b'f' => c as u8 - b'a' + 10,
+                _ => 0xff,
+            };
+            c += 1;
+        }
+        t
+    }
+    static DIGITS: [u8; 256] = table();
+    let (mut value, mut bad) = (0u64, 0u8);
+    for &c in digits {
+        let d = DIGITS[usize::from(c)];
+        bad |= d;
+        value = value << 4 | u64::from(d & 0x0f);
+    }
+    // (a digit is under 16; anything else set the high bits)
+    (bad < 16).then_some(value)
 }
 
 /// Writes the W3C `traceparent` (and `tracestate`, if any) of `cx` into `metadata`, for a
@@ -607,7 +729,10 @@ pub fn parse_traceparent(value: &str) -> Result<String, String> {
     }
 }
 
+mod apply;
 mod otlp;
+
+pub(crate) use apply::{Applies, ApplyEvent, ApplyRecord};
 
 #[cfg(test)]
 mod tests;

@@ -264,3 +264,60 @@ fn parent_of_reads_a_traceparent_exactly_as_the_sdk_propagator_does() {
         assert_eq!(ours(&metadata), None, "{metadata}");
     }
 }
+
+/// The apply spans' own sampling decision is the provider's sampler's, for every choice, with
+/// a sampled, an unsampled or no parent, over trace ids across the ratio's range.
+#[test]
+fn the_apply_spans_keep_exactly_what_the_providers_sampler_keeps() {
+    let choices = [
+        SamplerChoice::AlwaysOn,
+        SamplerChoice::AlwaysOff,
+        SamplerChoice::Ratio(0.25),
+        SamplerChoice::Ratio(0.0),
+        SamplerChoice::ParentBased(Box::new(SamplerChoice::AlwaysOn)),
+        SamplerChoice::ParentBased(Box::new(SamplerChoice::AlwaysOff)),
+        SamplerChoice::ParentBased(Box::new(SamplerChoice::Ratio(0.5))),
+    ];
+    let mut kept = [0usize; 2];
+    for choice in &choices {
+        let keep = apply::Keep::new(choice);
+        let sdk = QuietIdle::new(choice);
+        for i in 0..200u128 {
+            let trace_id = TraceId::from_bytes(
+                (i.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835)).to_be_bytes(),
+            );
+            for flags in [None, Some(TraceFlags::SAMPLED), Some(TraceFlags::default())] {
+                let parent = flags.map(|f| {
+                    SpanContext::new(
+                        trace_id,
+                        SpanId::from_bytes(7u64.to_be_bytes()),
+                        f,
+                        true,
+                        TraceState::NONE,
+                    )
+                });
+                let cx = parent
+                    .clone()
+                    .map_or_else(Context::new, |p| Context::new().with_remote_span_context(p));
+                let theirs = sdk
+                    .should_sample(
+                        Some(&cx),
+                        trace_id,
+                        "apply x",
+                        &SpanKind::Consumer,
+                        &[],
+                        &[],
+                    )
+                    .decision
+                    == SamplingDecision::RecordAndSample;
+                let ours = keep.keeps(parent.as_ref(), trace_id);
+                assert_eq!(ours, theirs, "{choice:?} {flags:?} {trace_id}");
+                kept[usize::from(ours)] += 1;
+            }
+        }
+    }
+    assert!(
+        kept[0] > 0 && kept[1] > 0,
+        "both decisions were tried: {kept:?}"
+    );
+}

@@ -13,7 +13,8 @@ use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData
 use opentelemetry_sdk::Resource;
 use prost::Message as _;
 
-use super::encode_request;
+use super::super::apply::Ended;
+use super::{encode_applies, encode_request};
 
 fn resource() -> Resource {
     Resource::builder_empty()
@@ -155,4 +156,154 @@ fn headers_are_key_value_pairs_percent_decoded_and_a_bad_one_is_refused() {
     assert!(super::parse_headers("novalue").is_err());
     assert!(super::parse_headers("k=%zz").is_err());
     assert!(super::parse_headers("bad key=v").is_err());
+}
+
+/// The apply spans of every shape vantage records: a first attempt (a child of the producer's
+/// remote span, with its trace state, linked to its batch), a retry (a root, linked to the
+/// producer and the batch), one without a batch, and every outcome's status, with texts long
+/// enough to need two bytes of length.
+fn applies() -> Vec<Ended> {
+    use super::super::apply::{Applies, ApplyEvent, Sink};
+    use super::super::SamplerChoice;
+    let applies = Applies::new(
+        &SamplerChoice::ParentBased(Box::new(SamplerChoice::AlwaysOn)),
+        Sink::Processor {
+            processor: std::sync::Arc::new(opentelemetry_sdk::trace::SimpleSpanProcessor::new(
+                InMemorySpanExporter::default(),
+            )),
+            scope: opentelemetry::InstrumentationScope::builder("vantage").build(),
+        },
+    );
+    let producer = SpanContext::new(
+        TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap(),
+        SpanId::from_hex("00f067aa0ba902b7").unwrap(),
+        TraceFlags::SAMPLED,
+        true,
+        TraceState::from_key_value([("vendor", "value")]).unwrap(),
+    );
+    let batch = SpanContext::new(
+        TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap(),
+        SpanId::from_hex("b7ad6b7169203331").unwrap(),
+        TraceFlags::SAMPLED,
+        false,
+        TraceState::NONE,
+    );
+    let long = "é".repeat(80);
+    let events = [
+        ("order_summary", "OrderPlaced", 1),
+        (long.as_str(), "OrderPaid", 2),
+        ("ledger", long.as_str(), 7),
+    ];
+    let mut out = Vec::new();
+    for (i, (perspective, event_type, attempts)) in events.into_iter().enumerate() {
+        let event = ApplyEvent {
+            perspective,
+            event_type,
+            stream_id: uuid::Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef + i as u128),
+            global_position: [42, -1, i64::MAX][i],
+            attempts,
+        };
+        let shapes = [
+            applies.start(&event, Some(&producer), [None, Some(batch.clone())]),
+            applies.start(&event, None, [Some(producer.clone()), Some(batch.clone())]),
+            applies.start(&event, Some(&producer), [None, None]),
+        ];
+        for (record, (outcome, status)) in shapes.into_iter().zip([
+            ("applied", Status::Ok),
+            ("failed", Status::error("x".repeat(300))),
+            ("rolled_back", Status::Unset),
+        ]) {
+            out.push(Ended {
+                record: record.expect("sampled"),
+                end: std::time::SystemTime::now(),
+                outcome,
+                status,
+            });
+        }
+    }
+    out
+}
+
+#[test]
+fn an_apply_record_is_encoded_as_its_span_data_is() {
+    let spans = applies();
+    let scope = opentelemetry::InstrumentationScope::builder("vantage").build();
+    let data: Vec<SpanData> = spans.iter().map(|s| s.span_data(&scope)).collect();
+    // (One resource: the order its attributes are iterated in is its own.)
+    let resource = resource();
+    let mut ours = Vec::new();
+    encode_applies(&spans, &resource, &scope, &mut ours);
+    let mut theirs = Vec::new();
+    encode_request(&data, &resource, &mut theirs);
+    assert_eq!(ours, theirs);
+    // And what both say is what the reference encoder makes of the span data.
+    let decoded = ExportTraceServiceRequest::decode(ours.as_slice()).unwrap();
+    assert_eq!(by_scope(decoded), by_scope(reference(&data, &resource)));
+}
+
+/// The span data of a record is what the SDK's tracer made of the same apply before vantage
+/// recorded it itself (the ids and times aside, which are new each time).
+#[test]
+fn an_apply_records_span_data_is_what_the_sdk_would_make() {
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let tracer = provider.tracer("vantage");
+    let scope = opentelemetry::InstrumentationScope::builder("vantage").build();
+    for ended in applies() {
+        let r = &ended.record;
+        let first = r.parent != SpanId::INVALID;
+        let producer = SpanContext::new(
+            TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap(),
+            SpanId::from_hex("00f067aa0ba902b7").unwrap(),
+            TraceFlags::SAMPLED,
+            true,
+            TraceState::from_key_value([("vendor", "value")]).unwrap(),
+        );
+        let parent = if first {
+            Context::new().with_remote_span_context(producer.clone())
+        } else {
+            Context::new()
+        };
+        let links = r
+            .links
+            .iter()
+            .flatten()
+            .map(|cx| Link::with_context(cx.clone()))
+            .collect();
+        let mut span = tracer
+            .span_builder(format!("apply {}", r.perspective()))
+            .with_kind(SpanKind::Consumer)
+            .with_links(links)
+            .with_attributes([
+                KeyValue::new("vantage.perspective", r.perspective().to_owned()),
+                KeyValue::new("vantage.stream_id", r.stream_id.to_string()),
+                KeyValue::new("vantage.global_position", r.global_position),
+                KeyValue::new("vantage.event_type", r.event_type().to_owned()),
+                KeyValue::new("vantage.attempts", r.attempts),
+            ])
+            .start_with_context(&tracer, &parent);
+        span.set_attribute(KeyValue::new("vantage.outcome", ended.outcome));
+        if ended.status != Status::Unset {
+            span.set_status(ended.status.clone());
+        }
+        span.end();
+        let mut sdk = exporter.get_finished_spans().unwrap().pop().unwrap();
+        exporter.reset();
+        let ours = ended.span_data(&scope);
+        sdk.span_context = SpanContext::new(
+            ours.span_context.trace_id(),
+            ours.span_context.span_id(),
+            sdk.span_context.trace_flags(),
+            sdk.span_context.is_remote(),
+            sdk.span_context.trace_state().clone(),
+        );
+        if first {
+            assert_eq!(sdk.span_context.trace_id(), producer.trace_id());
+        }
+        sdk.start_time = ours.start_time;
+        sdk.end_time = ours.end_time;
+        assert_eq!(ours, sdk);
+    }
 }
