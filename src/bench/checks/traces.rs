@@ -22,6 +22,8 @@ use crate::bench::drain::{self, DrainRun};
 use crate::bench::seed::{self, Seed};
 use crate::bench::{Bench, BenchError, Check};
 use crate::config::OtlpProtocol;
+use crate::store::bench::BenchStore;
+use crate::store::Store;
 use crate::telemetry::traces::{self, SamplerChoice, TraceSettings};
 
 /// Requests and bytes the stand-in collector received.
@@ -196,7 +198,25 @@ fn traced_drain(
                         .build()
                         .map_err(|e| BenchError::Incorrect(format!("traced runtime: {e}")))?;
                     let _default = tracing::dispatcher::set_default(&dispatch);
-                    let run = runtime.block_on(drain::drain(bench, seed, what));
+                    // The harness's own statements go through a pool of this runtime, closed
+                    // before it ends: a connection the caller's pool opened here would die
+                    // with the runtime ("a Tokio 1.x context … is being shutdown").
+                    let run = runtime.block_on(async {
+                        let mut options = bench.daemon_options.clone();
+                        options.application_name = "vantage bench".into();
+                        let local = Bench {
+                            db: BenchStore::new(Store::connect(&options).await?),
+                            daemon_options: bench.daemon_options.clone(),
+                            base_settings: bench.base_settings.clone(),
+                            metrics: bench.metrics.clone(),
+                            progress: bench.progress.clone(),
+                            config: bench.config.clone(),
+                            statement_stats: bench.statement_stats,
+                        };
+                        let run = drain::drain(&local, seed, what).await;
+                        local.close().await;
+                        run
+                    });
                     runtime.shutdown_timeout(std::time::Duration::from_secs(5));
                     run
                 })
