@@ -1,4 +1,10 @@
 //! The producer rule: a producer's append latency while vantage is busy with its streams.
+//!
+//! The producer is measured on a thread and runtime of its own, with its own connection
+//! ([`measured`]): the daemon, the rebuild's re-queue and the operator's requeues run as tasks of
+//! this process's runtime, and a producer sharing its workers would wait for their polls (a
+//! batch being decoded, say) before it saw its own answer. In production a producer is another
+//! process; only the machine's cores are shared, here as there.
 
 use std::time::Duration;
 
@@ -62,6 +68,67 @@ async fn paired_append_latencies(
     Ok((read, unread))
 }
 
+/// A producer's run of appends: to `streams` (type `event_type`), alternating with as many to
+/// `others` (a type no perspective reads) when there are any.
+struct Appends {
+    streams: Vec<uuid::Uuid>,
+    event_type: &'static str,
+    others: Vec<uuid::Uuid>,
+    n: usize,
+}
+
+/// Runs `appends` as a producer on a thread and runtime of its own, with a connection of its
+/// own (made and warmed up there, so its socket is polled by that runtime alone); returns the
+/// latencies of the appends to `streams` and of those to `others`.
+async fn measured(
+    options: &crate::store::StoreOptions,
+    appends: Appends,
+) -> Result<(Vec<Duration>, Vec<Duration>), BenchError> {
+    let options = options.clone();
+    let (done, result) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("bench-producer".into())
+        .spawn(move || {
+            let run = async {
+                let producer = crate::store::Store::connect(&options).await?;
+                // A warm-up no perspective reads: the connection and its statements ready.
+                let fresh: Vec<uuid::Uuid> = (0..50).map(|_| uuid::Uuid::new_v4()).collect();
+                append_latencies(&producer, &fresh, "Unsubscribed", fresh.len()).await?;
+                let latencies = if appends.others.is_empty() {
+                    let read = append_latencies(
+                        &producer,
+                        &appends.streams,
+                        appends.event_type,
+                        appends.n,
+                    )
+                    .await?;
+                    (read, Vec::new())
+                } else {
+                    paired_append_latencies(
+                        &producer,
+                        &appends.streams,
+                        appends.event_type,
+                        &appends.others,
+                        appends.n,
+                    )
+                    .await?
+                };
+                producer.close().await;
+                Ok::<_, BenchError>(latencies)
+            };
+            let outcome = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| BenchError::Incorrect(format!("no runtime for the producer: {e}")))
+                .and_then(|rt| rt.block_on(run));
+            let _ = done.send(outcome);
+        })
+        .map_err(|e| BenchError::Incorrect(format!("no thread for the producer: {e}")))?;
+    result
+        .await
+        .map_err(|_| BenchError::Incorrect("the producer's thread died".into()))?
+}
+
 /// The producer rule, measured: a producer appends to streams whose lanes vantage is busy with,
 /// and its append latency p99 is compared with the same appends while vantage does nothing.
 /// Target: at most 1.5 times idle, in each of these:
@@ -96,12 +163,15 @@ pub(super) async fn run(bench: &Bench) -> Result<CheckOutcome, BenchError> {
     };
     seed::apply(bench, &seed).await?;
     let streams = bench.db.stream_ids("producers", STREAMS as i64).await?;
-    let producer = crate::store::Store::connect(&bench.daemon_options).await?;
-    // A warm-up, then vantage idle.
-    append_latencies(&producer, &streams, "Fail", 50).await?;
-    // (idle is measured before and after the busy phases, and taken over both: the machine's
-    // own load drifts during a run)
-    let mut idle_samples = append_latencies(&producer, &streams, "Fail", APPENDS).await?;
+    let appends = |others: Vec<uuid::Uuid>| Appends {
+        streams: streams.clone(),
+        event_type: "Fail",
+        others,
+        n: APPENDS,
+    };
+    // Vantage idle. (Idle is measured before and after the busy phases, and taken over both:
+    // the machine's own load drifts during a run.)
+    let (mut idle_samples, _) = measured(&bench.daemon_options, appends(Vec::new())).await?;
 
     // The daemon retries every stream's failing head (its statement always fails), forever:
     // first with the default retry policy, then as a storm.
@@ -142,8 +212,7 @@ pub(super) async fn run(bench: &Bench) -> Result<CheckOutcome, BenchError> {
         // alternating with the others (the daemon's CPU is shared with the producer on a small
         // machine; locks are not).
         let others: Vec<uuid::Uuid> = (0..STREAMS).map(|_| uuid::Uuid::new_v4()).collect();
-        let (mut read, mut unread) =
-            paired_append_latencies(&producer, &streams, "Fail", &others, APPENDS).await?;
+        let (mut read, mut unread) = measured(&bench.daemon_options, appends(others)).await?;
         let failures = bench.db.failures_recorded(&failing.name).await? - from;
         let per_second = failures as f64 / started.elapsed().as_secs_f64().max(1e-9);
         let (during, control) = (percentiles(&mut read), percentiles(&mut unread));
@@ -168,8 +237,11 @@ pub(super) async fn run(bench: &Bench) -> Result<CheckOutcome, BenchError> {
             Ok::<u64, BenchError>(chunks)
         })
     };
-    let rebuilding =
-        percentiles(&mut append_latencies(&producer, &streams, "Fail", APPENDS).await?);
+    let rebuilding = percentiles(
+        &mut measured(&bench.daemon_options, appends(Vec::new()))
+            .await?
+            .0,
+    );
     stop.cancel();
     let chunks = requeue
         .await
@@ -179,8 +251,9 @@ pub(super) async fn run(bench: &Bench) -> Result<CheckOutcome, BenchError> {
     // handed back one dead letter at a time while the producer appends.
     let letters = bench.db.dead_letter_queued(&failing.name).await?;
     let stop = tokio_util::sync::CancellationToken::new();
+    let operator_store = crate::store::Store::connect(&bench.daemon_options).await?;
     let operator = {
-        let store = producer.clone();
+        let store = operator_store.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
             let mut requeued = 0u64;
@@ -195,18 +268,21 @@ pub(super) async fn run(bench: &Bench) -> Result<CheckOutcome, BenchError> {
             Ok::<u64, BenchError>(requeued)
         })
     };
-    let requeueing =
-        percentiles(&mut append_latencies(&producer, &streams, "Fail", APPENDS).await?);
+    let requeueing = percentiles(
+        &mut measured(&bench.daemon_options, appends(Vec::new()))
+            .await?
+            .0,
+    );
     stop.cancel();
     let requeued = operator
         .await
         .map_err(|e| BenchError::Incorrect(format!("the operator task crashed: {e}")))??;
     let idle_before = percentiles(&mut idle_samples);
-    let mut idle_after_samples = append_latencies(&producer, &streams, "Fail", APPENDS).await?;
+    operator_store.close().await;
+    let (mut idle_after_samples, _) = measured(&bench.daemon_options, appends(Vec::new())).await?;
     let idle_after = percentiles(&mut idle_after_samples);
     idle_samples.extend(idle_after_samples);
     let idle = percentiles(&mut idle_samples);
-    producer.close().await;
 
     let [(d_base, _, default_busy, default_control, default_rate), (s_base, s_max, storm, storm_control, storm_rate)] =
         [busy[0], busy[1]];
