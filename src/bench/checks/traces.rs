@@ -214,7 +214,11 @@ fn traced_drain(
                             statement_stats: bench.statement_stats,
                         };
                         let run = drain::drain(&local, seed, what).await;
-                        local.close().await;
+                        // (bounded: a connection still held by a task of this runtime is
+                        // dropped with it anyway)
+                        let _ =
+                            tokio::time::timeout(std::time::Duration::from_secs(5), local.close())
+                                .await;
                         run
                     });
                     runtime.shutdown_timeout(std::time::Duration::from_secs(5));
