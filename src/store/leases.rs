@@ -54,24 +54,40 @@ pub async fn apply_statements_and_complete(
     complete: &[Uuid],
 ) -> Result<u64, StoreError> {
     let (statements, statement) = batch.canonical();
-    let n: i32 = sqlx::query_scalar(
+    let n = batch_call(
         "SELECT apply_and_complete_perspective_events($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        batch,
+        (&statements, &statement),
+        instance,
+        complete,
     )
-    .bind(instance.0)
-    .bind(complete)
-    .bind(&statements)
-    .bind(&statement)
-    .bind(batch.sent(1, &batch.data))
-    .bind(batch.sent(2, &batch.stream_id))
-    .bind(batch.sent(3, &batch.event_id))
-    .bind(batch.sent(4, &batch.event_type))
-    .bind(batch.sent(5, &batch.global_position))
-    .bind(batch.sent(6, &batch.stream_version))
-    .bind(batch.sent(7, &batch.metadata))
     .fetch_one(conn)
     .await
     .map_err(map_db_error)?;
     Ok(n as u64)
+}
+
+/// `sql`, a call taking the daemon's batch (instance, rows to complete, the statement list and
+/// each event's index into it, then the seven parameter arrays), with its arguments bound.
+fn batch_call<'q>(
+    sql: &'q str,
+    batch: &'q StatementBatch<'_>,
+    (statements, statement): (&'q Vec<&'q str>, &'q Vec<i32>),
+    instance: InstanceId,
+    complete: &'q [Uuid],
+) -> sqlx::query::QueryScalar<'q, Postgres, i32, sqlx::postgres::PgArguments> {
+    sqlx::query_scalar(sql)
+        .bind(instance.0)
+        .bind(complete)
+        .bind(statements)
+        .bind(statement)
+        .bind(batch.sent(1, &batch.data))
+        .bind(batch.sent(2, &batch.stream_id))
+        .bind(batch.sent(3, &batch.event_id))
+        .bind(batch.sent(4, &batch.event_type))
+        .bind(batch.sent(5, &batch.global_position))
+        .bind(batch.sent(6, &batch.stream_version))
+        .bind(batch.sent(7, &batch.metadata))
 }
 
 /// SQLSTATE of `wh_apply_and_complete_perspective_events_all_or_nothing` when a row of the
@@ -90,21 +106,14 @@ pub async fn apply_statements_and_complete_alone(
     complete: &[Uuid],
 ) -> Result<bool, StoreError> {
     let (statements, statement) = batch.canonical();
-    let result = sqlx::query_scalar::<_, i32>(
+    let result = batch_call(
         "SELECT wh_apply_and_complete_perspective_events_all_or_nothing\
          ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        batch,
+        (&statements, &statement),
+        instance,
+        complete,
     )
-    .bind(instance.0)
-    .bind(complete)
-    .bind(&statements)
-    .bind(&statement)
-    .bind(batch.sent(1, &batch.data))
-    .bind(batch.sent(2, &batch.stream_id))
-    .bind(batch.sent(3, &batch.event_id))
-    .bind(batch.sent(4, &batch.event_type))
-    .bind(batch.sent(5, &batch.global_position))
-    .bind(batch.sent(6, &batch.stream_version))
-    .bind(batch.sent(7, &batch.metadata))
     .fetch_one(conn)
     .await;
     match result {
