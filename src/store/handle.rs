@@ -359,8 +359,10 @@ impl Store {
         Ok(())
     }
 
-    /// Closes the pool.
+    /// Closes the pool, once every connection in use has come back (the batch sessions kept
+    /// for the next batch are closed first).
     pub async fn close(&self) {
+        self.batch_sessions.close();
         self.pool.close().await;
     }
 }

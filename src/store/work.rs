@@ -352,14 +352,25 @@ struct BatchSession {
 /// one batch at a time and takes one back). A session is kept only after a batch left it clean
 /// (committed, or ended by its one statement, with every statement of ours answered); otherwise
 /// its transaction is rolled back first in a task of its own, or it is closed.
+///
+/// A kept session is a connection taken from the pool, and the pool's close waits for every
+/// connection to come back: [`BatchSessions::close`] lets the kept ones go first, and a session
+/// given back after it is closed, not kept.
 #[derive(Default)]
 pub(crate) struct BatchSessions {
-    idle: Mutex<Vec<BatchSession>>,
+    idle: Mutex<Idle>,
+}
+
+/// The kept sessions, and whether their store is closing.
+#[derive(Default)]
+struct Idle {
+    sessions: Vec<BatchSession>,
+    closed: bool,
 }
 
 impl std::fmt::Debug for BatchSessions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let idle = self.idle.lock().map_or(0, |idle| idle.len());
+        let idle = self.idle.lock().map_or(0, |idle| idle.sessions.len());
         f.debug_struct("BatchSessions")
             .field("idle", &idle)
             .finish()
@@ -378,17 +389,31 @@ impl BatchSessions {
     fn take(&self, statement_timeout: Duration) -> Option<BatchSession> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let at = idle
+            .sessions
             .iter()
             .rposition(|s| s.statement_timeout == statement_timeout)?;
-        Some(idle.swap_remove(at))
+        Some(idle.sessions.swap_remove(at))
     }
 
-    /// Keeps a clean session for the next batch.
+    /// Keeps a clean session for the next batch (drops it, which closes its connection, when
+    /// there are enough or the store is closing).
     fn put(&self, session: BatchSession) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() < IDLE_SESSIONS {
-            idle.push(session);
+        if !idle.closed && idle.sessions.len() < IDLE_SESSIONS {
+            idle.sessions.push(session);
         }
+    }
+
+    /// Closes the kept sessions and keeps none from now on (the store is closing).
+    pub(crate) fn close(&self) {
+        let sessions = {
+            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            idle.closed = true;
+            std::mem::take(&mut idle.sessions)
+        };
+        // Dropped outside the lock: each closes its connection and gives its place in the pool
+        // back.
+        drop(sessions);
     }
 }
 

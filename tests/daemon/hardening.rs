@@ -1109,3 +1109,27 @@ async fn rows_of_a_pass_whose_commit_died_with_its_session_are_refunded_a_bounde
     );
     assert_eq!(env.scalar("SELECT count(*) FROM wh_dead_letters").await, 0);
 }
+
+/// `Store::close` waits for every connection of its pool to come back. A batch session kept
+/// for the next batch is a connection taken from the pool: closing must let it go, or it
+/// waits forever (it did: the producers bench hung in `daemon_store.close()`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_closes_although_it_keeps_batch_sessions() {
+    use vantage::internals::store::{WorkStore as _, WorkTx as _};
+    let env = env().await;
+    let store = Store::connect(&vantage::store::StoreOptions::for_url(&env.db.url))
+        .await
+        .unwrap();
+    // A committed batch leaves its session clean: the store keeps it for the next one. A batch
+    // rolled back on drop gives its session back from a task of its own.
+    let tx = store.begin_batch(secs(5)).await.unwrap();
+    tx.commit().await.unwrap();
+    drop(store.begin_batch(secs(5)).await.unwrap());
+    let closed = tokio::time::timeout(secs(10), store.close()).await;
+    assert!(
+        closed.is_ok(),
+        "Store::close waited 10 s for its kept batch sessions"
+    );
+    // A session given back after the close is closed, not kept.
+    assert!(store.pool().is_closed());
+}
