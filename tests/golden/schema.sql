@@ -2320,9 +2320,14 @@ BEGIN
 
     RETURN QUERY
     WITH missing AS MATERIALIZED (
+        -- Work, no lane row, no wake-up: all three read in this statement's snapshot. (The walk
+        -- above read the work in an earlier one; a lane drained since, its lane row deleted
+        -- with its last row, is not missing anything.)
         SELECT k.sid, k.pname, wh_lane_bucket_key(k.sid, k.pname) AS bucket
         FROM unnest(v_s, v_p) AS k(sid, pname)
-        WHERE NOT EXISTS (SELECT 1 FROM wh_perspective_lanes l
+        WHERE EXISTS (SELECT 1 FROM wh_perspective_events pe
+                      WHERE pe.perspective_name = k.pname AND pe.stream_id = k.sid)
+          AND NOT EXISTS (SELECT 1 FROM wh_perspective_lanes l
                           WHERE l.stream_id = k.sid AND l.perspective_name = k.pname)
           AND (k.sid, k.pname) NOT IN (SELECT w.stream_id, w.perspective_name
                                       FROM wh_lane_wakeups w)),

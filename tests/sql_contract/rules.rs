@@ -4014,3 +4014,69 @@ async fn a_fold_decides_from_every_wake_up_it_takes() -> TestResult {
     assert!(due_now, "the requeued head makes the lane due now");
     Ok(())
 }
+
+/// The lane index's safety net (`wh_reconcile_lanes`) repairs a lane only when, in one snapshot,
+/// it has work and neither a lane row nor a wake-up. Its walk of the work table and its check
+/// of the lane index were two statements, two snapshots: a lane drained between them (its last
+/// row completed, its lane row deleted with it) was "repaired", an empty lane given a row and a
+/// WARN telling the operator of a restore that never happened (ten such lines in a six-minute
+/// `vantage soak`). Here one lane is filled and drained over and over, first in the walk's
+/// order, while the safety net walks it and a few hundred lanes that keep their work.
+/// Catches: the check not re-reading the work in its own snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lane_safety_net_never_repairs_a_lane_drained_while_it_walked() -> TestResult {
+    let env = setup().await?;
+    let store = env.store.clone();
+    perspective(&store, "p", &["E"]).await?;
+    // Lanes the walk visits after the churned one (it walks in (perspective, stream) order).
+    for _ in 0..300 {
+        append(&store, Uuid::new_v4(), &["E"]).await?;
+    }
+    sqlx::query("SELECT wh_fold_lane_wakeups(100000)")
+        .execute(store.pool())
+        .await?;
+    let churned = Uuid::from_u128(1);
+    let instance = live_instance(&store).await?;
+
+    const CYCLES: usize = 300;
+    let churn = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            for _ in 0..CYCLES {
+                append(&store, churned, &["E"]).await?;
+                sqlx::query("SELECT wh_fold_lane_wakeups(1000)")
+                    .execute(store.pool())
+                    .await?;
+                let rows = claim_lane(&store, instance, churned, "p").await?;
+                let ids: Vec<Uuid> = rows.iter().map(|r| r.0).collect();
+                sqlx::query("SELECT complete_perspective_events($1, $2)")
+                    .bind(instance.0)
+                    .bind(&ids)
+                    .execute(store.pool())
+                    .await?;
+            }
+            anyhow::Ok(())
+        })
+    };
+    let mut walks = 0;
+    let mut repaired = Vec::new();
+    while !churn.is_finished() {
+        let found: Vec<(Uuid, String)> = sqlx::query_as(
+            "SELECT repaired_stream, repaired_perspective \
+             FROM wh_reconcile_lanes(NULL, NULL, 1000) WHERE repaired_stream IS NOT NULL",
+        )
+        .fetch_all(store.pool())
+        .await?;
+        repaired.extend(found);
+        walks += 1;
+    }
+    churn.await??;
+    assert!(walks > 10, "the safety net walked only {walks} times");
+    assert!(
+        repaired.is_empty(),
+        "{} lanes \"repaired\" in {walks} walks that never lost their index: {:?}",
+        repaired.len(),
+        &repaired[..repaired.len().min(5)]
+    );
+    Ok(())
+}
