@@ -9,6 +9,7 @@
 //!   trivial SQL perspective (one upsert per event);
 //! - [`limit`]: the physical limit, crash-safe shape and single-transaction floor;
 //! - [`checks`]: the scale and shape checks, each a ratio;
+//! - [`cores`]: a core of its own for the producers check's producer;
 //! - [`measure`]: percentiles, round trips, transactions, WAL, resident memory;
 //! - [`progress`]: the progress bar (stderr, only on a terminal);
 //! - [`report`]: the table and the closing three lines.
@@ -16,6 +17,7 @@
 //! Every SQL statement lives in `crate::store::bench`.
 
 pub mod checks;
+pub mod cores;
 pub mod drain;
 pub mod limit;
 pub mod measure;
@@ -63,6 +65,9 @@ pub struct BenchConfig {
     /// (PostgreSQL ≥ 15 flushes at most once a second; shorter waits make the transaction
     /// counts approximate, which only a smoke test wants).
     pub settle: Duration,
+    /// Whether the server's processes are ours to re-pin to cores (a throwaway server started
+    /// for the run): the producers check then also measures a producer on a core of its own.
+    pub own_server: bool,
 }
 
 impl Default for BenchConfig {
@@ -81,6 +86,7 @@ impl Default for BenchConfig {
             dead_tuples: 1_000_000,
             drain_timeout: Duration::from_secs(600),
             settle: Duration::from_millis(1_200),
+            own_server: false,
         }
     }
 }

@@ -117,7 +117,7 @@ pub async fn run(global: &GlobalArgs, args: BenchArgs) -> i32 {
 
 /// [`run`] with a given progress display (tests pass [`Progress::hidden`]).
 pub async fn run_with(global: &GlobalArgs, args: BenchArgs, progress: Progress) -> i32 {
-    let config = match args.config() {
+    let mut config = match args.config() {
         Ok(c) => c,
         Err(message) => {
             eprintln!("vantage bench: {message}");
@@ -150,6 +150,7 @@ pub async fn run_with(global: &GlobalArgs, args: BenchArgs, progress: Progress) 
         },
     };
 
+    config.own_server = server.is_some();
     let code = match crate::bench::run(&url, config, progress).await {
         Ok(report) => {
             println!("{report}");

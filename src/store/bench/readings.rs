@@ -61,6 +61,16 @@ pub struct LatencyMs {
 }
 
 impl BenchStore {
+    /// The process id of the server backend that answers (on a pool of one connection, the
+    /// backend of every statement of that pool).
+    pub async fn backend_pid(&self) -> Result<i32, StoreError> {
+        Ok(
+            sqlx::query_scalar("/* vantage-bench */ SELECT pg_backend_pid()")
+                .fetch_one(self.pool())
+                .await?,
+        )
+    }
+
     /// Queued work rows of these perspectives.
     pub async fn queued(&self, perspectives: &[String]) -> Result<i64, StoreError> {
         Ok(sqlx::query_scalar(
