@@ -53,6 +53,10 @@ pub struct SoakArgs {
     /// Streams the producer spreads over (default: 2000 release, 400 short).
     #[arg(long, value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
     pub streams: Option<u64>,
+    /// How long each fault lasts, at most 60 % of its phase; the rest of the phase is its
+    /// recovery window (default: 60s release, 60 % of the phase short).
+    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub fault: Option<Duration>,
     /// Memory samples before this are left out of the RSS slope (default: 10m release, 20s short).
     #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub warmup: Option<Duration>,
@@ -107,6 +111,12 @@ impl SoakArgs {
         }
         if let Some(s) = self.streams {
             config.streams = s as usize;
+        }
+        if let Some(f) = self.fault {
+            if f.is_zero() {
+                return Err("--fault must be longer than 0 s".into());
+            }
+            config.fault = Some(f);
         }
         if let Some(w) = self.warmup {
             config.warmup = w;

@@ -176,8 +176,13 @@ pub struct SoakConfig {
     pub poison_ppm: u64,
     /// Poison events per million events during the poison burst.
     pub burst_ppm: u64,
-    /// Share of each phase that is its fault (the rest is the recovery window), percent.
+    /// Share of each phase that is its fault (the rest is the recovery window), percent: the
+    /// most a fault may take.
     pub fault_percent: u64,
+    /// How long each fault lasts when its phase leaves room (`None`: `fault_percent` of the
+    /// phase). The recovery bar is about the backlog a fault of this length leaves: at a given
+    /// rate, a longer outage needs proportionally longer to drain.
+    pub fault: Option<Duration>,
     /// Memory samples before this are left out of the RSS slope (the caches fill first).
     pub warmup: Duration,
     /// How often daemons are sampled.
@@ -216,13 +221,14 @@ impl SoakConfig {
                 poison_ppm: 2_000,
                 burst_ppm: 20_000,
                 fault_percent: 60,
+                fault: Some(Duration::from_secs(60)),
                 warmup: Duration::from_secs(10 * 60),
                 sample_interval: Duration::from_secs(5),
                 progress_interval: Duration::from_secs(30),
                 drain_stall: Duration::from_secs(5 * 60),
                 drain_cap: Duration::from_secs(30 * 60),
                 kill_every: Duration::from_secs(5),
-                restart_every: Duration::from_secs(60),
+                restart_every: Duration::from_secs(30),
                 idle_connections: 300,
                 max_attempts: 10,
                 consumers: 4,
@@ -238,6 +244,7 @@ impl SoakConfig {
                 drain_stall: Duration::from_secs(60),
                 drain_cap: Duration::from_secs(6 * 60),
                 kill_every: Duration::from_secs(2),
+                fault: None,
                 ..SoakConfig::for_profile(Profile::Release)
             },
         }
@@ -248,9 +255,10 @@ impl SoakConfig {
         self.duration / self.phases.len().max(1) as u32
     }
 
-    /// The fault part of one phase.
+    /// The fault part of one phase: `fault`, or `fault_percent` of the phase when that is less.
     pub fn fault_time(&self) -> Duration {
-        self.phase_time() * self.fault_percent.min(100) as u32 / 100
+        let most = self.phase_time() * self.fault_percent.min(100) as u32 / 100;
+        self.fault.map_or(most, |f| f.min(most))
     }
 
     /// Whether the bars beyond correctness are enforced.
