@@ -408,24 +408,30 @@ pub(super) async fn run(bench: &Bench) -> Result<CheckOutcome, BenchError> {
             idle_after.p50_ms,
             idle_after.p99_ms
         ));
-        out.details.push(format!(
-            "{label}: heads failing, default retry policy ({} base, {default_rate:.0} failures/s): \
-             {:.2}/{:.2} ms (the same moment, streams no perspective reads: {:.2}/{:.2} ms)",
-            humantime::format_duration(d_base),
-            default_busy.p50_ms,
-            default_busy.p99_ms,
-            default_control.p50_ms,
-            default_control.p99_ms
+        // Appends to the busy lanes, then to unread streams at the same moment.
+        let paired = |what: String, busy: Percentiles, control: Percentiles| {
+            format!(
+                "{label}: {what}: {:.2}/{:.2} ms (the same moment, streams no perspective reads: \
+                 {:.2}/{:.2} ms)",
+                busy.p50_ms, busy.p99_ms, control.p50_ms, control.p99_ms
+            )
+        };
+        out.details.push(paired(
+            format!(
+                "heads failing, default retry policy ({} base, {default_rate:.0} failures/s)",
+                humantime::format_duration(d_base)
+            ),
+            default_busy,
+            default_control,
         ));
-        out.details.push(format!(
-            "{label}: failure storm ({}–{} backoff, {storm_rate:.0} failures/s): {:.2}/{:.2} ms \
-             (the same moment, streams no perspective reads: {:.2}/{:.2} ms)",
-            humantime::format_duration(s_base),
-            humantime::format_duration(s_max),
-            storm.p50_ms,
-            storm.p99_ms,
-            storm_control.p50_ms,
-            storm_control.p99_ms
+        out.details.push(paired(
+            format!(
+                "failure storm ({}–{} backoff, {storm_rate:.0} failures/s)",
+                humantime::format_duration(s_base),
+                humantime::format_duration(s_max)
+            ),
+            storm,
+            storm_control,
         ));
         out.details.push(format!(
             "{label}: rebuild re-queueing {:.2}/{:.2} ms; operator bulk requeue {:.2}/{:.2} ms",
