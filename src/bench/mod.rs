@@ -110,8 +110,10 @@ pub enum Check {
     Latency,
     /// Resident memory with the cooldown cache full.
     Rss,
-    /// A producer's append latency while the daemon retries failing heads of its streams, and
-    /// while a rebuild re-queues their history, against the same appends with vantage idle.
+    /// A producer's append latency while the daemon retries failing heads of its streams, while
+    /// a rebuild re-queues their history and while an operator requeues their dead letters,
+    /// against the same appends with vantage idle; measured sharing the cores and, on a
+    /// throwaway server, with the producer on a core of its own.
     Producers,
     /// The drain while a producer holds an append to 300 streams with work open, against the
     /// same drain without it; then how soon the held events apply after the commit.
