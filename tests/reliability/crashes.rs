@@ -241,9 +241,11 @@ level = "warn"
     let mut daemons: Vec<Daemon> = (0..3).map(|_| spawn(&mut generation)).collect();
 
     let drain_started = Instant::now();
-    // The first kill comes early, then one every 2-4 s.
-    let mut next_kill =
-        Instant::now() + Duration::from_millis(1_000 + process::random_below(1_000));
+    // Kills land at points of the drain's progress, each on a daemon that holds leases at that
+    // moment: whether the crash path is exercised depends neither on the machine's speed (a
+    // drain faster than a fixed kill schedule once met too few kills) nor on luck (a random
+    // victim between two batches holds nothing: three such kills once exercised nothing).
+    const KILL_AT: [i64; 3] = [5, 35, 65];
     let mut kills = 0;
     let mut kills_holding_leases = 0;
     let mut leases_at_kill = 0i64;
@@ -272,16 +274,32 @@ level = "warn"
                 .collect::<Vec<_>>()
                 .join("\n")
         );
-        if Instant::now() >= next_kill {
-            let victim = process::random_below(3) as usize;
-            let held: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM wh_perspective_events WHERE instance_id IN \
-                 (SELECT instance_id FROM wh_service_instances WHERE process_id = $1)",
-            )
-            .bind(daemons[victim].pid)
-            .fetch_one(store.pool())
-            .await
-            .unwrap();
+        if kills < KILL_AT.len() && applied * 100 >= KILL_AT[kills] * total {
+            // The first daemon found holding leases (asked again every 10 ms, for at most 5 s;
+            // then the first one, holding or not, and the assertion below says so).
+            let asked = Instant::now();
+            let (victim, held) = loop {
+                let mut found = None;
+                for (i, d) in daemons.iter().enumerate() {
+                    let held: i64 = sqlx::query_scalar(
+                        "SELECT count(*) FROM wh_perspective_events WHERE instance_id IN \
+                         (SELECT instance_id FROM wh_service_instances WHERE process_id = $1)",
+                    )
+                    .bind(d.pid)
+                    .fetch_one(store.pool())
+                    .await
+                    .unwrap();
+                    if held > 0 {
+                        found = Some((i, held));
+                        break;
+                    }
+                }
+                match found {
+                    Some(f) => break f,
+                    None if asked.elapsed() > Duration::from_secs(5) => break (0, 0),
+                    None => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
+            };
             daemons[victim].kill9().await;
             kills += 1;
             leases_at_kill += held;
@@ -290,8 +308,7 @@ level = "warn"
             }
             // The two others keep running while the replacement starts.
             daemons[victim] = spawn(&mut generation);
-            next_kill =
-                Instant::now() + Duration::from_millis(2_000 + process::random_below(2_000));
+            continue;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
