@@ -464,14 +464,19 @@ impl PgWorkTx {
         result
     }
 
-    /// Sends BEGIN.
-    async fn begin(&mut self) -> Result<(), StoreError> {
-        let result = sqlx::query("BEGIN")
+    /// Sends one fixed statement (BEGIN, COMMIT, a savepoint's) and reads its answer.
+    async fn send(&mut self, statement: &'static str) -> Result<(), StoreError> {
+        let result = sqlx::query(statement)
             .execute(self.conn()?)
             .await
             .map(drop)
             .map_err(StoreError::Database);
-        self.answered(result)?;
+        self.answered(result)
+    }
+
+    /// Sends BEGIN.
+    async fn begin(&mut self) -> Result<(), StoreError> {
+        self.send("BEGIN").await?;
         self.state = TxState::Open;
         Ok(())
     }
@@ -490,12 +495,7 @@ impl PgWorkTx {
 
     async fn run(&mut self, statement: &'static str) -> Result<(), StoreError> {
         self.open().await?;
-        let result = sqlx::query(statement)
-            .execute(self.conn()?)
-            .await
-            .map(drop)
-            .map_err(StoreError::Database);
-        self.answered(result)
+        self.send(statement).await
     }
 
     /// Gives the session back to its store when it is clean; otherwise rolls it back first, in
@@ -635,12 +635,7 @@ impl WorkTx for PgWorkTx {
 
     async fn commit(mut self) -> Result<(), StoreError> {
         if self.state == TxState::Open {
-            let result = sqlx::query("COMMIT")
-                .execute(self.conn()?)
-                .await
-                .map(drop)
-                .map_err(StoreError::Database);
-            self.answered(result)?;
+            self.send("COMMIT").await?;
         }
         // (a transaction that never began has nothing to commit; one that ended with its
         // statement committed then)
