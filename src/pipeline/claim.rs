@@ -61,6 +61,8 @@ pub(crate) async fn claim_batch_reading<S: WorkStore>(
     data: bool,
 ) -> Result<LeasedBatch<S>, StoreError> {
     let started = Instant::now();
+    // From the statement until its rows are recorded: a sweep of lost claims waits for it.
+    let in_flight = inflight.claiming().await;
     let rows = store
         .claim_work_reading(
             instance,
@@ -70,8 +72,10 @@ pub(crate) async fn claim_batch_reading<S: WorkStore>(
             perspectives,
             data,
         )
-        .await?;
+        .await
+        .inspect_err(|_| inflight.claim_failed())?;
     let lease = LeasedBatch::take(store.clone(), instance, max_attempts, inflight, rows).await?;
+    drop(in_flight);
 
     metrics::histogram!(m::CLAIM_DURATION_SECONDS).record(started.elapsed().as_secs_f64());
     let mut claimed: BTreeMap<&str, (u64, u64)> = BTreeMap::new();

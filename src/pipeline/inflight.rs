@@ -13,7 +13,7 @@
 //! adds a committed pass's tally, the sampler takes and writes them.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -76,6 +76,15 @@ pub struct InFlight {
     /// Events applied per perspective since [`InFlight::take_applied`] (a lock of its own: the
     /// lease record's is on every row's path).
     applied: Mutex<BTreeMap<String, u64>>,
+    /// Set when a claim failed: it may have committed with its answer lost (the session
+    /// terminated, the server restarted, the network dropped), leaving rows validly leased to
+    /// us that no batch knows of. No claim takes a live instance's valid lease, so their lanes
+    /// would wait out the lease; [`InFlight::settle_lost_claims`] gives them back.
+    claim_lost: AtomicBool,
+    /// Held shared by each claim from its statement until its rows are recorded, and
+    /// exclusively by [`InFlight::settle_lost_claims`]: so the sweep never takes a claim in
+    /// flight for a lost one.
+    claims: tokio::sync::RwLock<()>,
 }
 
 #[derive(Debug, Default)]
@@ -375,6 +384,64 @@ impl InFlight {
             );
         }
         Ok(released)
+    }
+
+    /// Held by a claim from before its statement until its rows are recorded here.
+    pub(crate) async fn claiming(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        self.claims.read().await
+    }
+
+    /// A claim failed: its rows may be leased to us with nobody knowing (its answer was lost).
+    pub(crate) fn claim_failed(&self) {
+        self.claim_lost.store(true, Ordering::SeqCst);
+    }
+
+    /// After a claim failed, gives back the rows leased to us that no batch holds and none
+    /// owes: the rows of a claim whose answer was lost, which no handler saw (so with the
+    /// refund of their claim's bump). Waits for the claims in flight to record their rows
+    /// first, and claims wait for it. Kept for the next call if the database does not answer.
+    /// Returns how many were given back.
+    pub async fn settle_lost_claims<S: WorkStore>(
+        &self,
+        store: &S,
+        instance: InstanceId,
+    ) -> Result<u64, StoreError> {
+        if !self.claim_lost.load(Ordering::SeqCst) {
+            return Ok(0);
+        }
+        let _no_claim_in_flight = self.claims.write().await;
+        // Another loop may have swept while this one waited.
+        if !self.claim_lost.swap(false, Ordering::SeqCst) {
+            return Ok(0);
+        }
+        let result = async {
+            let leased = store.leased_to(instance).await?;
+            let unknown: Vec<Uuid> = {
+                let inner = self.lock();
+                leased
+                    .into_iter()
+                    .filter(|id| !inner.rows.contains_key(id) && !inner.owed.contains_key(id))
+                    .collect()
+            };
+            store.release_unstarted(instance, &unknown).await
+        }
+        .await;
+        match result {
+            Ok(released) => {
+                count_released(released);
+                if released > 0 {
+                    tracing::info!(
+                        rows = released,
+                        "gave back rows leased to this process by a claim whose answer was lost; their lanes can be claimed again"
+                    );
+                }
+                Ok(released)
+            }
+            Err(error) => {
+                self.claim_failed();
+                Err(error)
+            }
+        }
     }
 
     /// Work rows currently leased to this process (their leases are renewed).

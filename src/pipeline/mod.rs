@@ -154,15 +154,26 @@ impl<S: WorkStore> Pipeline<S> {
         // 1. Claim: the lease handle owns the rows from here on. Its span is never entered, so
         // nothing starts it before the number of rows is on it.
         let claim_span = spans::claim(self.perspectives.len(), self.limits.batch_size);
-        let claim = claim::claim_batch_reading(
-            &ctx.store,
-            ctx.instance,
-            &self.perspectives,
-            &self.limits,
-            &self.inflight,
-            ctx.max_attempts,
-            self.reads_data,
-        );
+        let claim = async {
+            // Rows a claim of ours leased although its answer was lost stall their lanes too.
+            if let Err(error) = self
+                .inflight
+                .settle_lost_claims(&ctx.store, ctx.instance)
+                .await
+            {
+                tracing::debug!(%error, "could not give back the rows of a lost claim yet");
+            }
+            claim::claim_batch_reading(
+                &ctx.store,
+                ctx.instance,
+                &self.perspectives,
+                &self.limits,
+                &self.inflight,
+                ctx.max_attempts,
+                self.reads_data,
+            )
+            .await
+        };
         let mut lease = tokio::select! {
             biased;
             _ = stop.cancelled() => return Ok(DrainOutcome::default()),

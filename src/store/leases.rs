@@ -195,6 +195,19 @@ pub async fn release_unstarted<'c, E: sqlx::PgExecutor<'c>>(
     .await
 }
 
+/// Every row leased to `instance` now (valid or lapsed). For the owner's sweep after a claim
+/// whose answer was lost: rare, so no index on the holder (a scan of the work table).
+pub async fn leased_to<'c, E: sqlx::PgExecutor<'c>>(
+    executor: E,
+    instance: InstanceId,
+) -> Result<Vec<Uuid>, StoreError> {
+    sqlx::query_scalar("SELECT event_work_id FROM wh_perspective_events WHERE instance_id = $1")
+        .bind(instance.0)
+        .fetch_all(executor)
+        .await
+        .map_err(map_db_error)
+}
+
 /// One of the two give-back functions (`statement` is one of the constants above, never built).
 async fn release<'c, E: sqlx::PgExecutor<'c>>(
     executor: E,

@@ -67,6 +67,10 @@ pub trait WorkStore: Clone + Send + Sync + std::fmt::Debug + 'static {
     /// Gives back rows a handler saw, without a refund.
     async fn release_started(&self, instance: InstanceId, ids: &[Uuid]) -> Result<u64, StoreError>;
 
+    /// Every row leased to `instance` now: after a claim whose answer may have been lost, the
+    /// owner compares them with what it knows it holds.
+    async fn leased_to(&self, instance: InstanceId) -> Result<Vec<Uuid>, StoreError>;
+
     /// Records an apply failure (failures + 1, lease cleared, parked for `retry_after`).
     async fn record_failure(
         &self,
@@ -246,6 +250,10 @@ impl WorkStore for Store {
 
     async fn release_started(&self, instance: InstanceId, ids: &[Uuid]) -> Result<u64, StoreError> {
         leases::release_started(self.pool(), instance, ids).await
+    }
+
+    async fn leased_to(&self, instance: InstanceId) -> Result<Vec<Uuid>, StoreError> {
+        leases::leased_to(self.pool(), instance).await
     }
 
     async fn record_failure(

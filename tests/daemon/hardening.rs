@@ -1133,3 +1133,224 @@ async fn a_store_closes_although_it_keeps_batch_sessions() {
     // A session given back after the close is closed, not kept.
     assert!(store.pool().is_closed());
 }
+
+/// The real store, except that its first claim's answer is lost after the claim committed (as
+/// when the session is terminated, the server restarts or the network drops between the
+/// server's commit and the client's read).
+#[derive(Clone, Debug)]
+struct LosesFirstClaimAnswer {
+    inner: Store,
+    lost: std::sync::Arc<AtomicBool>,
+}
+
+#[async_trait]
+impl vantage::internals::store::WorkStore for LosesFirstClaimAnswer {
+    type Tx = <Store as vantage::internals::store::WorkStore>::Tx;
+
+    async fn claim_work(
+        &self,
+        instance: InstanceId,
+        lease: Duration,
+        max_lanes: u32,
+        max_rows: u32,
+        perspectives: &[String],
+    ) -> Result<Vec<vantage::internals::store::WorkRow>, vantage::store::StoreError> {
+        self.claim_work_reading(instance, lease, max_lanes, max_rows, perspectives, true)
+            .await
+    }
+    async fn claim_work_reading(
+        &self,
+        instance: InstanceId,
+        lease: Duration,
+        max_lanes: u32,
+        max_rows: u32,
+        perspectives: &[String],
+        data: bool,
+    ) -> Result<Vec<vantage::internals::store::WorkRow>, vantage::store::StoreError> {
+        let rows = self
+            .inner
+            .claim_work_reading(instance, lease, max_lanes, max_rows, perspectives, data)
+            .await?;
+        if !rows.is_empty() && !self.lost.swap(true, Ordering::SeqCst) {
+            return Err(vantage::store::StoreError::Database(sqlx::Error::Io(
+                std::io::Error::new(std::io::ErrorKind::ConnectionReset, "answer lost"),
+            )));
+        }
+        Ok(rows)
+    }
+    async fn release_unstarted(
+        &self,
+        instance: InstanceId,
+        ids: &[Uuid],
+    ) -> Result<u64, vantage::store::StoreError> {
+        self.inner.release_unstarted(instance, ids).await
+    }
+    async fn release_started(
+        &self,
+        instance: InstanceId,
+        ids: &[Uuid],
+    ) -> Result<u64, vantage::store::StoreError> {
+        self.inner.release_started(instance, ids).await
+    }
+    async fn leased_to(
+        &self,
+        instance: InstanceId,
+    ) -> Result<Vec<Uuid>, vantage::store::StoreError> {
+        self.inner.leased_to(instance).await
+    }
+    async fn record_failure(
+        &self,
+        instance: InstanceId,
+        id: Uuid,
+        error: &str,
+        retry_after: Duration,
+    ) -> Result<bool, vantage::store::StoreError> {
+        self.inner
+            .record_failure(instance, id, error, retry_after)
+            .await
+    }
+    async fn note_error(
+        &self,
+        instance: InstanceId,
+        id: Uuid,
+        error: &str,
+    ) -> Result<bool, vantage::store::StoreError> {
+        self.inner.note_error(instance, id, error).await
+    }
+    fn has_dead_letters(&self) -> bool {
+        self.inner.has_dead_letters()
+    }
+    async fn move_to_dead_letters(
+        &self,
+        instance: InstanceId,
+        id: Uuid,
+        reason: &str,
+        error: &str,
+    ) -> Result<vantage::internals::store::MoveOutcome, vantage::store::StoreError> {
+        self.inner
+            .move_to_dead_letters(instance, id, reason, error)
+            .await
+    }
+    async fn move_many_to_dead_letters(
+        &self,
+        instance: InstanceId,
+        moves: &[(Uuid, String)],
+        reason: &str,
+    ) -> Result<Vec<(Uuid, Uuid)>, vantage::store::StoreError> {
+        self.inner
+            .move_many_to_dead_letters(instance, moves, reason)
+            .await
+    }
+    async fn begin_batch(
+        &self,
+        statement_timeout: Duration,
+    ) -> Result<Self::Tx, vantage::store::StoreError> {
+        self.inner.begin_batch(statement_timeout).await
+    }
+    async fn begin_batch_deferred(
+        &self,
+        statement_timeout: Duration,
+    ) -> Result<Self::Tx, vantage::store::StoreError> {
+        self.inner.begin_batch_deferred(statement_timeout).await
+    }
+    async fn cancel_backend(&self, backend: i32) -> Result<bool, vantage::store::StoreError> {
+        self.inner.cancel_backend(backend).await
+    }
+    async fn ping(&self) -> Result<(), vantage::store::StoreError> {
+        self.inner.ping().await
+    }
+}
+
+/// Records the (position, attempts) of what it applies.
+#[derive(Default)]
+struct Records(std::sync::Mutex<Vec<(i64, i32)>>);
+
+#[async_trait]
+impl Perspective for Records {
+    fn name(&self) -> &str {
+        "records"
+    }
+    fn event_types(&self) -> Vec<String> {
+        vec!["E".into()]
+    }
+    async fn apply(&self, e: &EventEnvelope, _tx: &mut ApplyTx<'_>) -> Result<(), ApplyError> {
+        self.0.lock().unwrap().push((e.global_position, e.attempts));
+        Ok(())
+    }
+}
+
+/// Cause 2 of the 60-minute soak's slow recoveries: a claim that committed on the server but
+/// whose answer never reached us (the session terminated, the server restarted) leaves its rows
+/// validly leased to this live instance, which knows nothing of them; no claim, ours or
+/// another's, takes a live instance's valid lease, so their lanes waited out the whole lease
+/// (`worker.lease`, 60 s by default; an hour here). The owner gives such rows back itself once a
+/// claim of its failed on its connection, with the refund an unseen row's give-back makes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_of_a_claim_whose_answer_was_lost_are_given_back_by_their_owner() {
+    use vantage::internals::perspective::PerspectiveRegistry;
+    use vantage::internals::pipeline::Pipeline;
+
+    let env = env().await;
+    register(&env, "records", &["E"]).await;
+    let stream = Uuid::new_v4();
+    append(&env, stream, &["E", "E", "E"]).await;
+    let instance = InstanceId::new();
+    env.store
+        .heartbeat(instance, &InstanceInfo::current("test"))
+        .await
+        .unwrap();
+    let records = std::sync::Arc::new(Records::default());
+    let mut registry = PerspectiveRegistry::new();
+    registry.add(records.clone()).unwrap();
+    let worker = WorkerSettings {
+        lease: Duration::from_secs(3600),
+        ..WorkerSettings::default()
+    };
+    let store = LosesFirstClaimAnswer {
+        inner: env.store.clone(),
+        lost: Default::default(),
+    };
+    let pipeline = Pipeline::new(store.clone(), instance, registry, None, &worker);
+
+    let first = pipeline.drain_once().await;
+    assert!(
+        first.as_ref().is_err_and(|e| e.is_database_unavailable()),
+        "the first claim's answer is lost: {first:?}"
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM wh_perspective_events WHERE instance_id IS NOT NULL")
+            .await,
+        3,
+        "the lost claim leased the lane's rows to us"
+    );
+
+    let deadline = Instant::now() + secs(60);
+    while records.0.lock().unwrap().len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the rows are still leased to us with nothing in flight: {:?}",
+            sqlx::query_as::<_, (Option<Uuid>, i32)>(
+                "SELECT instance_id, attempts FROM wh_perspective_events ORDER BY stream_version"
+            )
+            .fetch_all(env.store.pool())
+            .await
+        );
+        let _ = pipeline.drain_once().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // In stream order, and each seen on its first attempt: the lost claim's bump was refunded
+    // with the rows (no handler saw them under that lease).
+    let applied = records.0.lock().unwrap().clone();
+    let mut sorted = applied.clone();
+    sorted.sort();
+    assert_eq!(applied, sorted);
+    assert!(
+        applied.iter().all(|(_, attempts)| *attempts == 1),
+        "{applied:?}"
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM wh_perspective_events")
+            .await,
+        0
+    );
+}

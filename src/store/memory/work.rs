@@ -59,6 +59,16 @@ impl WorkStore for MemoryStore {
             .apply(Op::ReleaseStarted(instance, ids.to_vec()), now))
     }
 
+    async fn leased_to(&self, instance: InstanceId) -> Result<Vec<Uuid>, StoreError> {
+        let state = self.lock();
+        Ok(state
+            .rows
+            .iter()
+            .filter(|(_, r)| r.holder == Some(instance.0))
+            .map(|(id, _)| *id)
+            .collect())
+    }
+
     async fn record_failure(
         &self,
         instance: InstanceId,
