@@ -101,8 +101,9 @@ struct Inner {
     /// loops give them back before their next claim ([`InFlight::settle_owed`]).
     owed: IdMap<bool>,
     /// Per row, how often a pass that died with its session at a step of its own gave it back
-    /// refunded although a handler had seen it ([`InFlight::forgive_started`]). Bounded: cleared
-    /// when it grows past [`FORGIVEN_ROWS`], which only gives rows their budget again.
+    /// refunded although a handler had seen it ([`InFlight::forgive_started`]). A row leaves it
+    /// when it leaves the work table ([`InFlight::gone`]); bounded besides: cleared when it
+    /// grows past [`FORGIVEN_ROWS`], which only gives rows their budget again.
     forgiven: IdMap<u32>,
 }
 
@@ -313,6 +314,29 @@ impl InFlight {
                 _ => None,
             })
             .collect()
+    }
+
+    /// Rows that left the work table (completed, dead-lettered): nothing is remembered of them.
+    /// A long-lived process would otherwise keep every row a terminated session ever had
+    /// forgiven (up to [`FORGIVEN_ROWS`]), and the map's peak capacity for good.
+    pub(crate) fn gone<'a>(&self, ids: impl IntoIterator<Item = &'a Uuid>) {
+        let mut inner = self.lock();
+        if inner.forgiven.is_empty() {
+            return;
+        }
+        for id in ids {
+            inner.forgiven.remove(id);
+        }
+        // Give the memory back once the map is mostly empty (with room to grow again).
+        let len = inner.forgiven.len();
+        if inner.forgiven.capacity() > 1024 && len * 4 < inner.forgiven.capacity() {
+            inner.forgiven.shrink_to(len * 2);
+        }
+    }
+
+    /// How many rows are remembered as forgiven (see [`InFlight::forgive_started`]).
+    pub fn forgiven(&self) -> usize {
+        self.lock().forgiven.len()
     }
 
     /// The batch is over: its lanes are free, and whatever it still recorded (rows it did not
@@ -626,5 +650,28 @@ mod tests {
         inflight.end(second.batch, &second.lanes);
         assert!(inflight.rows().is_empty());
         assert_eq!(inflight.lanes_reserved(), 0);
+    }
+
+    /// The 60-minute soak's RSS slope: every row a terminated session's pass had forgiven stayed
+    /// remembered (up to 50 000) after it completed, and the map kept its peak size for good.
+    #[test]
+    fn a_forgiven_row_is_forgotten_when_it_leaves_the_work_table() {
+        let inflight = InFlight::new();
+        let rows: Vec<WorkRow> = (0..5000).map(|_| row("P", Uuid::new_v4())).collect();
+        let batch = inflight.record(&rows);
+        let ids: Vec<Uuid> = rows.iter().map(|r| r.event_work_id).collect();
+        inflight.set_started(batch.batch, ids.iter().copied(), true);
+        assert_eq!(inflight.forgive_started(batch.batch, 10), 5000);
+        assert_eq!(inflight.forgiven(), 5000);
+        let capacity = inflight.lock().forgiven.capacity();
+        inflight.forget(batch.batch, &ids);
+        inflight.end(batch.batch, &batch.lanes);
+        inflight.gone(&ids[..4990]);
+        assert_eq!(inflight.forgiven(), 10);
+        assert!(inflight.lock().forgiven.capacity() < capacity / 16);
+        // A row still in the table keeps its count: its budget is not reset by others leaving.
+        let again = inflight.record(&rows[4995..]);
+        inflight.set_started(again.batch, ids[4995..].iter().copied(), true);
+        assert_eq!(inflight.forgive_started(again.batch, 1), 0);
     }
 }

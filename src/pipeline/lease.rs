@@ -200,6 +200,7 @@ impl<S: WorkStore> LeasedBatch<S> {
                 self.forget(&id);
             }
         }
+        self.inflight.gone([&id]);
         Ok(outcome)
     }
 
@@ -230,6 +231,7 @@ impl<S: WorkStore> LeasedBatch<S> {
                 None => outcomes.push(MoveOutcome::AlreadyGone),
             }
         }
+        self.inflight.gone(moves.iter().map(|(id, _)| id));
         Ok(outcomes)
     }
 
@@ -420,6 +422,12 @@ impl<S: WorkStore> LeasedBatch<S> {
         }
         self.inflight.forget(self.batch, &staged.released);
         count_released(staged.released.len() as u64);
+        self.inflight.gone(
+            staged
+                .completed
+                .iter()
+                .chain(staged.moved.iter().map(|mv| &mv.id)),
+        );
     }
 
     /// The transaction holding `staged` rolled back (a lost lease): redo its failures and

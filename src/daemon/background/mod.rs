@@ -3,11 +3,13 @@
 //! the interval/select/beat skeleton exists once; every task survives a lost database (it
 //! logs, reports unreadiness, and tries again on its next activation).
 //!
-//! The tasks, one file each: [`heartbeat`], lease [`renewal`], the [`sampler`], [`quarantine`],
-//! lane [`reconcile`]iation, the [`backfill`] of new versions; and the systemd [`watchdog`], which is not a task of the driver.
+//! The tasks, one file each: [`heartbeat`], lease [`renewal`], the [`sampler`] (which also hands
+//! freed [`memory`] back), [`quarantine`], lane [`reconcile`]iation, the [`backfill`] of new
+//! versions; and the systemd [`watchdog`], which is not a task of the driver.
 
 mod backfill;
 mod heartbeat;
+mod memory;
 mod quarantine;
 mod reconcile;
 mod renewal;

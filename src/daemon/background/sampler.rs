@@ -13,9 +13,9 @@ use crate::store::{MinuteSample, Store, StoreGauges};
 use crate::telemetry::health::Health;
 use crate::telemetry::metrics as m;
 
-/// Readiness (database reachable, migrations current) every second; gauges from the database
-/// and a cooldown sweep every 15 s (the gauges count the work table: a scan, so not more often
-/// than Prometheus typically scrapes). In the same 15 s round it writes the chart history: one
+/// Readiness (database reachable, migrations current) every second; gauges from the database,
+/// a cooldown sweep and a trim of the allocator's free memory every 15 s (the gauges count the
+/// work table: a scan, so not more often than Prometheus typically scrapes). In the same round it writes the chart history: one
 /// upsert of the current minute per perspective (the events this process applied since the
 /// last write, the backlog and lag just read), then a trim of the minutes older than 24 hours;
 /// each statement bounded by [`Sampler::HISTORY_TIMEOUT`].
@@ -112,6 +112,7 @@ impl BackgroundTask for Sampler {
         if let Some(cache) = &self.cooldown {
             cache.sweep();
         }
+        super::memory::trim();
         match bounded(Duration::from_secs(10), self.store.gauges()).await {
             Ok(g) => {
                 let history = self.record_history(Some(&g)).await;
