@@ -42,7 +42,7 @@ CREATE TABLE wh_event_store (
     created_at timestamp with time zone NOT NULL DEFAULT now()
 );
 
--- table wh_lane_wakeups WITH (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=1000)
+-- table wh_lane_wakeups WITH (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=1000, vacuum_truncate=false)
 CREATE TABLE wh_lane_wakeups (
     stream_id uuid NOT NULL,
     perspective_name text NOT NULL,
@@ -58,7 +58,7 @@ CREATE TABLE wh_metric_samples (
     lag_seconds double precision
 );
 
--- table wh_perspective_events WITH (fillfactor=70, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.05, autovacuum_analyze_scale_factor=0.02)
+-- table wh_perspective_events WITH (fillfactor=70, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, autovacuum_vacuum_insert_scale_factor=0.05, autovacuum_analyze_scale_factor=0.02, vacuum_truncate=false)
 CREATE TABLE wh_perspective_events (
     event_work_id uuid NOT NULL DEFAULT gen_random_uuid(),
     stream_id uuid NOT NULL,
@@ -77,7 +77,7 @@ CREATE TABLE wh_perspective_events (
     replay boolean NOT NULL DEFAULT false
 );
 
--- table wh_perspective_lanes WITH (fillfactor=50, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=500, autovacuum_analyze_scale_factor=0.02)
+-- table wh_perspective_lanes WITH (fillfactor=50, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=500, autovacuum_analyze_scale_factor=0.02, vacuum_truncate=false)
 CREATE TABLE wh_perspective_lanes (
     stream_id uuid NOT NULL,
     perspective_name text NOT NULL,

@@ -4080,3 +4080,66 @@ async fn the_lane_safety_net_never_repairs_a_lane_drained_while_it_walked() -> T
     );
     Ok(())
 }
+
+/// The queue tables empty their tail pages again and again (every completed row is deleted), and
+/// autovacuum then truncated them: to truncate it takes the table's ACCESS EXCLUSIVE lock, which
+/// every claim, completion and append needs too, and waits up to 5 s for it (the soak's lone
+/// one-second lag spikes long after a fault, beside `VacuumTruncate` waits). The pages are reused
+/// by the next inserts anyway, so vacuum leaves them: here a vacuum of the drained tables, with a
+/// reader holding its ordinary lock, never waits to truncate.
+/// Catches: `vacuum_truncate` left on for a queue table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vacuum_never_waits_to_truncate_a_queue_table() -> TestResult {
+    let env = setup().await?;
+    let store = env.store.clone();
+    perspective(&store, "p", &["E"]).await?;
+    for _ in 0..400 {
+        append(&store, Uuid::new_v4(), &["E", "E", "E"]).await?;
+    }
+    sqlx::query("SELECT wh_fold_lane_wakeups(100000)")
+        .execute(store.pool())
+        .await?;
+    for table in [
+        "wh_perspective_events",
+        "wh_lane_wakeups",
+        "wh_perspective_lanes",
+    ] {
+        sqlx::query(&format!("DELETE FROM {table}"))
+            .execute(store.pool())
+            .await?;
+        // A reader in the middle of a transaction, as a claim or a producer always is somewhere.
+        let mut reader = store.pool().begin().await?;
+        sqlx::query(&format!("SELECT count(*) FROM {table}"))
+            .execute(&mut *reader)
+            .await?;
+        let mut vacuum = store.pool().acquire().await?;
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *vacuum)
+            .await?;
+        let statement = format!("VACUUM {table}");
+        let running = tokio::spawn(async move {
+            sqlx::query(&statement)
+                .execute(&mut *vacuum)
+                .await
+                .map(|_| ())
+        });
+        let mut waited_to_truncate = false;
+        while !running.is_finished() {
+            let wait: Option<String> =
+                sqlx::query_scalar("SELECT wait_event FROM pg_stat_activity WHERE pid = $1")
+                    .bind(pid)
+                    .fetch_optional(store.pool())
+                    .await?
+                    .flatten();
+            waited_to_truncate |= wait.as_deref() == Some("VacuumTruncate");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        running.await??;
+        reader.rollback().await?;
+        assert!(
+            !waited_to_truncate,
+            "VACUUM {table} waited for the table's exclusive lock to truncate it"
+        );
+    }
+    Ok(())
+}
