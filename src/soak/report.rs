@@ -147,7 +147,15 @@ impl PhaseReport {
         self.lag = db.lag(perspectives, start, end).await?;
         self.fault_lag = db.lag(perspectives, start, fault_end).await?;
         if self.is_fault {
-            let series = db.lag_by_second(perspectives, fault_end, end).await?;
+            // Whether an event took under a second is settled a second after its append: one
+            // appended in the phase's last second is settled after the next phase's fault
+            // began, and the next fault is not this one's recovery (a lone slow last second of
+            // pg-restart, with terminate's first kills, in a 22-minute run).
+            let settled_until =
+                end - chrono::Duration::milliseconds((RECOVERED_LAG_SECS * 1e3) as i64);
+            let series = db
+                .lag_by_second(perspectives, fault_end, settled_until)
+                .await?;
             self.recovery_secs = recovery(&series);
             self.recovery_series = series;
         }
