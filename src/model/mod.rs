@@ -3,7 +3,8 @@
 //! One lane (one stream, one perspective) of a few events, two daemon instances, and every
 //! interleaving of what can happen to them: claims, slow applies whose lease lapses, a crash,
 //! failures with a backoff, the DLQ pre-filter, the give-back of rows another loop's lane holds,
-//! a pass that dies with its session at its COMMIT (its rows given back, refunded within budget).
+//! a pass that dies with its session at its COMMIT (its rows given back, refunded within budget),
+//! a claim that commits while its answer is lost (its rows given back by their owner's sweep).
 //! Each action stands for SQL the baseline migrations define (named at the action), reduced to
 //! what decides ownership and order; time is abstract (a lease lapses, a backoff ends, whenever).
 //!
@@ -28,6 +29,8 @@ const LAPSES: u8 = 2;
 const CRASHES: u8 = 1;
 /// How many passes may die with their session at a step of their own (their COMMIT).
 const CUTS: u8 = 2;
+/// How many claims may commit with their answer lost (the session cut after the commit).
+const LOST_ANSWERS: u8 = 1;
 /// `worker.max_perspective_event_attempts` in the model: claimed more than this, dead-lettered.
 const MAX_ATTEMPTS: u8 = 2;
 /// Instances. Instance 0 never crashes (someone must be left to drain the lane).
@@ -45,6 +48,11 @@ pub enum Bug {
     /// The batch's completion is not fenced on the holder: a slow owner whose lease lapsed
     /// and was taken over still applies and completes (lost updates, a double apply).
     UnfencedCompletion,
+    /// A claim whose answer was lost is left to its lease: the rows stay validly leased to a
+    /// live instance that does not know it holds them, and no claim may take them (the
+    /// 60-minute soak's 60 s stalls under terminated sessions, before
+    /// `InFlight::settle_lost_claims`).
+    LostClaimLeftToLapse,
 }
 
 /// The lane, the instances and the ghost variables the properties read.
@@ -61,6 +69,7 @@ pub struct State {
     lapses_left: u8,
     crashes_left: u8,
     cuts_left: u8,
+    lost_answers_left: u8,
     /// Ghost: per version (index v - 1), the attempts the protocol says the row should have:
     /// + 1 for each claim that changed its holder, - 1 for each refund of such a claim.
     charged: [u8; EVENTS as usize],
@@ -94,6 +103,8 @@ struct Instance {
     /// Per version, how often this process gave the row back refunded after a cut pass
     /// (`InFlight::forgive_started`: at most MAX_ATTEMPTS times).
     forgiven: [u8; EVENTS as usize],
+    /// A claim of this process failed, and its answer may have been lost (`InFlight::claim_lost`).
+    claim_lost: bool,
 }
 
 /// What can happen.
@@ -102,6 +113,13 @@ pub enum Action {
     /// `get_stream_events`: instance leases the claimable prefix of the lane. `lane_taken`:
     /// another loop of the same process holds the lane (so the rows go back unworked).
     Claim { instance: u8, lane_taken: bool },
+    /// The same claim commits, but its session is cut before the answer arrives: the rows are
+    /// leased to the instance, which records nothing and knows only that a claim failed.
+    ClaimAnswerLost { instance: u8 },
+    /// Before its next claim, the instance gives back, refunded, the rows leased to it that no
+    /// batch of it holds (`InFlight::settle_lost_claims`: `leased_to`, then
+    /// `release_unstarted_leases`).
+    SweepLostClaims { instance: u8 },
     /// The lease handle gives back the rows of a lane another loop holds
     /// (`release_unstarted_leases`, a refund when the claim bumped).
     GiveBack { instance: u8 },
@@ -175,10 +193,12 @@ impl Model for Protocol {
                 lane_taken: false,
                 lease_valid: false,
                 forgiven: [0; EVENTS as usize],
+                claim_lost: false,
             }),
             lapses_left: LAPSES,
             crashes_left: CRASHES,
             cuts_left: CUTS,
+            lost_answers_left: LOST_ANSWERS,
             charged: [0; EVENTS as usize],
         }]
     }
@@ -190,7 +210,15 @@ impl Model for Protocol {
                 continue;
             }
             if inst.batch.is_empty() {
+                // The sweep runs first, in the same pass as the next claim.
+                if inst.claim_lost && self.bug != Some(Bug::LostClaimLeftToLapse) {
+                    actions.push(Action::SweepLostClaims { instance: i });
+                    continue;
+                }
                 if state.rows.iter().any(|r| self.claimable(r, i, state)) {
+                    if state.lost_answers_left > 0 {
+                        actions.push(Action::ClaimAnswerLost { instance: i });
+                    }
                     actions.push(Action::Claim {
                         instance: i,
                         lane_taken: false,
@@ -244,11 +272,21 @@ impl Model for Protocol {
 
     fn next_state(&self, last: &State, action: Action) -> Option<State> {
         let mut s = last.clone();
-        match action {
+        let claim = match action {
+            Action::ClaimAnswerLost { instance } => {
+                s.lost_answers_left -= 1;
+                s.instances[instance as usize].claim_lost = true;
+                Some((instance, false, false))
+            }
             Action::Claim {
                 instance,
                 lane_taken,
-            } => {
+            } => Some((instance, lane_taken, true)),
+            _ => None,
+        };
+        match action {
+            Action::Claim { .. } | Action::ClaimAnswerLost { .. } => {
+                let (instance, lane_taken, answered) = claim?;
                 // The claimable prefix: from the head, while rows can be taken; the gate stops
                 // at the first row that cannot (bug: skip it and take the next).
                 let mut taken = Vec::new();
@@ -272,10 +310,29 @@ impl Model for Protocol {
                 if taken.is_empty() {
                     return None;
                 }
+                if answered {
+                    let inst = &mut s.instances[instance as usize];
+                    inst.batch = taken;
+                    inst.lane_taken = lane_taken;
+                    inst.lease_valid = true;
+                }
+            }
+            Action::SweepLostClaims { instance } => {
                 let inst = &mut s.instances[instance as usize];
-                inst.batch = taken;
-                inst.lane_taken = lane_taken;
-                inst.lease_valid = true;
+                inst.claim_lost = false;
+                let held = inst.batch.clone();
+                // Fenced on the holder; no handler saw these rows, so a bump is refunded.
+                for row in s.rows.iter_mut() {
+                    if row.holder == Some(instance) && !held.contains(&row.version) {
+                        if row.bumped {
+                            row.attempts -= 1;
+                            s.charged[row.version as usize - 1] -= 1;
+                        }
+                        row.holder = None;
+                        row.lapsed = false;
+                        row.bumped = false;
+                    }
+                }
             }
             Action::GiveBack { instance } => {
                 let batch = std::mem::take(&mut s.instances[instance as usize].batch);
@@ -462,6 +519,7 @@ impl Model for Protocol {
                         matches!(
                             a,
                             Action::Claim { .. }
+                                | Action::SweepLostClaims { .. }
                                 | Action::DeadLetter { .. }
                                 | Action::Settle { .. }
                                 | Action::GiveBack { .. }

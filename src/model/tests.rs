@@ -28,6 +28,7 @@ fn the_checker_finds_each_bug_the_protocol_guards_against() {
             "applied in stream order",
         ),
         (Bug::UnfencedCompletion, "applied at most once"),
+        (Bug::LostClaimLeftToLapse, "nothing stranded"),
     ] {
         let checker = Protocol { bug: Some(bug) }
             .checker()
