@@ -240,6 +240,9 @@ CREATE INDEX wh_dead_letters_recent_idx ON vantage.wh_dead_letters USING btree (
 -- index wh_dead_letters_unpurged_message_key
 CREATE UNIQUE INDEX wh_dead_letters_unpurged_message_key ON vantage.wh_dead_letters USING btree (source_table, perspective_name, event_id) WHERE (status <> 'purged'::text);
 
+-- index wh_lane_wakeups_lane_idx
+CREATE INDEX wh_lane_wakeups_lane_idx ON vantage.wh_lane_wakeups USING btree (stream_id, perspective_name);
+
 -- index wh_perspective_events_lane_idx
 CREATE INDEX wh_perspective_events_lane_idx ON vantage.wh_perspective_events USING btree (perspective_name, stream_id, stream_version);
 
@@ -1662,79 +1665,56 @@ CREATE OR REPLACE FUNCTION vantage.wh_fold_lane_wakeups(p_max integer DEFAULT 10
  SET search_path TO 'vantage', 'pg_temp'
 AS $function$
 DECLARE
-    v_tid   tid[];
-    v_s     uuid[];
-    v_p     text[];
-    v_v     int[];
-    v_done_s uuid[];
-    v_done_p text[];
-    v_gone  int;
+    v_first_s uuid[];
+    v_first_p text[];
+    v_held_s  uuid[];
+    v_held_p  text[];
+    v_mine_s  uuid[] := '{}';
+    v_mine_p  text[] := '{}';
+    v_tid     tid[];
+    v_low_s   uuid[];
+    v_low_p   text[];
+    v_low_v   int[];
+    v_gone    int;
 BEGIN
-    -- The lanes of the first p_max free wake-ups, then every free wake-up of those lanes (ours
-    -- included: SKIP LOCKED does not skip our own locks).
-    WITH first AS MATERIALIZED (
-        SELECT DISTINCT f.stream_id, f.perspective_name
-        FROM (SELECT w.stream_id, w.perspective_name
-              FROM wh_lane_wakeups w
-              LIMIT greatest(p_max, 0)
-              FOR UPDATE SKIP LOCKED) f)
-    SELECT array_agg(w.ctid), array_agg(w.stream_id), array_agg(w.perspective_name),
-           array_agg(w.min_version)
-    INTO v_tid, v_s, v_p, v_v
-    FROM (SELECT w.ctid, w.stream_id, w.perspective_name, w.min_version
-          FROM wh_lane_wakeups w
-          WHERE (w.stream_id, w.perspective_name) IN (SELECT f.stream_id, f.perspective_name
-                                                      FROM first f)
-          LIMIT greatest(p_max, 0)::bigint * 100
-          FOR UPDATE SKIP LOCKED) w;
-    IF v_tid IS NULL THEN
+    -- 1. The lanes of the first p_max free wake-ups.
+    SELECT array_agg(f.stream_id), array_agg(f.perspective_name)
+    INTO v_first_s, v_first_p
+    FROM (SELECT DISTINCT w.stream_id, w.perspective_name
+          FROM (SELECT w.stream_id, w.perspective_name
+                FROM wh_lane_wakeups w
+                LIMIT greatest(p_max, 0)
+                FOR UPDATE SKIP LOCKED) w) f;
+    IF v_first_s IS NULL THEN
         RETURN 0;
     END IF;
 
-    WITH keys AS (
-        -- (a wake-up without a version, from before 0011, counts as a new head)
-        SELECT k.sid, k.pname,
-               CASE WHEN bool_or(k.v IS NULL) THEN NULL ELSE min(k.v) END AS min_version
-        FROM unnest(v_s, v_p, v_v) AS k(sid, pname, v)
-        GROUP BY k.sid, k.pname),
-    held AS MATERIALIZED (
-        -- Existing lanes, locked without waiting, with what their wake-ups say. (The lowest
-        -- version travels with the lane, so the UPDATE below joins nothing but the lane's key:
-        -- 0011 joined the wake-ups' keys again, and the generic plan PL/pgSQL caches, sized for
-        -- ten keys, probed the work table once per pair of keys, quadratic in the fold's size.)
-        SELECT l.stream_id, l.perspective_name, k.min_version
-        FROM wh_perspective_lanes l
-        JOIN keys k ON k.sid = l.stream_id AND k.pname = l.perspective_name
-        ORDER BY l.stream_id, l.perspective_name
-        FOR UPDATE OF l SKIP LOCKED),
-    lowered AS (
-        -- Due now only if the new rows may be the head: rows appended behind an existing one
-        -- change nothing about when the lane can next be claimed (its head's own writers keep
-        -- that hint, L2).
-        UPDATE wh_perspective_lanes l
-        SET due_at = now()
-        FROM held h
-        WHERE l.stream_id = h.stream_id AND l.perspective_name = h.perspective_name
-          AND l.due_at > now()
-          AND (h.min_version IS NULL
-               OR NOT EXISTS (SELECT 1 FROM wh_perspective_events pe
-                              WHERE pe.perspective_name = h.perspective_name
-                                AND pe.stream_id = h.stream_id
-                                AND pe.stream_version < h.min_version))
-        RETURNING l.stream_id, l.perspective_name),
-    missing AS MATERIALIZED (
-        -- Lanes with no row, as this statement sees it.
+    -- 2. Existing lanes among them, locked without waiting (one lookup of the lane key each).
+    SELECT array_agg(h.stream_id), array_agg(h.perspective_name)
+    INTO v_held_s, v_held_p
+    FROM (SELECT l.stream_id, l.perspective_name
+          FROM unnest(v_first_s, v_first_p) AS k(sid, pname)
+          JOIN wh_perspective_lanes l ON l.stream_id = k.sid AND l.perspective_name = k.pname
+          ORDER BY l.stream_id, l.perspective_name
+          FOR UPDATE OF l SKIP LOCKED) h;
+    IF v_held_s IS NOT NULL THEN
+        v_mine_s := v_held_s;
+        v_mine_p := v_held_p;
+    END IF;
+
+    -- 3. Missing lanes, inserted only into buckets nobody else is inserting into (0017: an
+    --    insert then meets no row or a committed one, and never waits). A conflict means another
+    --    fold inserted the lane after our snapshot: its wake-ups stay for the next fold.
+    WITH missing AS MATERIALIZED (
         SELECT k.sid, k.pname, wh_lane_bucket_key(k.sid, k.pname) AS bucket
-        FROM keys k
+        FROM unnest(v_first_s, v_first_p) AS k(sid, pname)
         WHERE NOT EXISTS (SELECT 1 FROM wh_perspective_lanes l
                           WHERE l.stream_id = k.sid AND l.perspective_name = k.pname)),
     buckets AS MATERIALIZED (
-        -- The buckets this transaction may insert into: nobody else is inserting there.
         SELECT b.bucket
         FROM (SELECT DISTINCT m.bucket FROM missing m) b
         WHERE pg_try_advisory_xact_lock(b.bucket)),
     added AS (
-        -- (a conflict now means a committed row: someone folded it after our snapshot)
         INSERT INTO wh_perspective_lanes AS l (stream_id, perspective_name, due_at)
         SELECT m.sid, m.pname, now()
         FROM missing m
@@ -1742,18 +1722,58 @@ BEGIN
         ORDER BY m.sid, m.pname
         ON CONFLICT (stream_id, perspective_name) DO NOTHING
         RETURNING l.stream_id, l.perspective_name)
-    -- (every held lane is folded, lowered or not; a data-modifying WITH runs whether or not
-    -- the query reads it)
-    SELECT array_agg(d.stream_id), array_agg(d.perspective_name) INTO v_done_s, v_done_p
-    FROM (SELECT h.stream_id, h.perspective_name FROM held h
-          UNION ALL SELECT a.stream_id, a.perspective_name FROM added a) d;
+    SELECT v_mine_s || coalesce(array_agg(a.stream_id), '{}'),
+           v_mine_p || coalesce(array_agg(a.perspective_name), '{}')
+    INTO v_mine_s, v_mine_p
+    FROM added a;
+    IF cardinality(v_mine_s) = 0 THEN
+        RETURN 0;
+    END IF;
 
+    -- 4. Every free wake-up of the lanes we now hold (ours included: SKIP LOCKED does not skip
+    --    our own locks), at most 100 per lane taken on average, by the lane key; and per lane
+    --    the lowest version they name (a wake-up without one, from before 0011, counts as a new
+    --    head).
+    WITH taken AS MATERIALIZED (
+        SELECT k.sid, k.pname, w.row_tid, w.min_version
+        FROM unnest(v_mine_s, v_mine_p) AS k(sid, pname)
+        CROSS JOIN LATERAL (
+            SELECT w.ctid AS row_tid, w.min_version
+            FROM wh_lane_wakeups w
+            WHERE w.stream_id = k.sid AND w.perspective_name = k.pname
+            FOR UPDATE SKIP LOCKED) w
+        LIMIT greatest(p_max, 0)::bigint * 100),
+    lanes AS (
+        SELECT t.sid, t.pname,
+               CASE WHEN bool_or(t.min_version IS NULL) THEN NULL ELSE min(t.min_version) END AS v
+        FROM taken t
+        GROUP BY t.sid, t.pname)
+    SELECT (SELECT array_agg(t.row_tid) FROM taken t),
+           array_agg(l.sid), array_agg(l.pname), array_agg(l.v)
+    INTO v_tid, v_low_s, v_low_p, v_low_v
+    FROM lanes l;
+    IF v_tid IS NULL THEN
+        RETURN 0;
+    END IF;
+
+    -- 5. Due now only if the new rows may be the head: rows appended behind an existing one
+    --    change nothing about when the lane can next be claimed (its head's own writers keep
+    --    that hint, L2). (Lanes inserted in step 3 are due now already.)
+    UPDATE wh_perspective_lanes l
+    SET due_at = now()
+    FROM unnest(v_low_s, v_low_p, v_low_v) AS h(sid, pname, min_version)
+    WHERE l.stream_id = h.sid AND l.perspective_name = h.pname
+      AND l.due_at > now()
+      AND (h.min_version IS NULL
+           OR NOT EXISTS (SELECT 1 FROM wh_perspective_events pe
+                          WHERE pe.perspective_name = h.pname
+                            AND pe.stream_id = h.sid
+                            AND pe.stream_version < h.min_version));
+
+    -- 6. Every wake-up taken is folded: gone, by its row address.
     WITH gone AS (
         DELETE FROM wh_lane_wakeups w
-        USING unnest(v_tid, v_s, v_p) AS t(tid, sid, pname)
-        JOIN unnest(coalesce(v_done_s, '{}'), coalesce(v_done_p, '{}')) AS d(sid, pname)
-          ON d.sid = t.sid AND d.pname = t.pname
-        WHERE w.ctid = t.tid
+        WHERE w.ctid = ANY (v_tid)
         RETURNING 1)
     SELECT count(*)::int INTO v_gone FROM gone;
     RETURN v_gone;
@@ -2322,15 +2342,15 @@ BEGIN
     WITH missing AS MATERIALIZED (
         -- Work, no lane row, no wake-up: all three read in this statement's snapshot. (The walk
         -- above read the work in an earlier one; a lane drained since, its lane row deleted
-        -- with its last row, is not missing anything.)
+        -- with its last row, is not missing anything.) Each by a lookup of the lane key.
         SELECT k.sid, k.pname, wh_lane_bucket_key(k.sid, k.pname) AS bucket
         FROM unnest(v_s, v_p) AS k(sid, pname)
         WHERE EXISTS (SELECT 1 FROM wh_perspective_events pe
                       WHERE pe.perspective_name = k.pname AND pe.stream_id = k.sid)
           AND NOT EXISTS (SELECT 1 FROM wh_perspective_lanes l
                           WHERE l.stream_id = k.sid AND l.perspective_name = k.pname)
-          AND (k.sid, k.pname) NOT IN (SELECT w.stream_id, w.perspective_name
-                                      FROM wh_lane_wakeups w)),
+          AND NOT EXISTS (SELECT 1 FROM wh_lane_wakeups w
+                          WHERE w.stream_id = k.sid AND w.perspective_name = k.pname)),
     buckets AS MATERIALIZED (
         SELECT b.bucket
         FROM (SELECT DISTINCT m.bucket FROM missing m) b

@@ -4143,3 +4143,154 @@ async fn vacuum_never_waits_to_truncate_a_queue_table() -> TestResult {
     }
     Ok(())
 }
+
+/// Every claim begins by folding wake-ups into the lane index, and when the fold fell behind (a
+/// fault, a rebuild, a saturated machine) it stayed behind: the fold's statement that gathers
+/// every wake-up of the lanes it took was planned from the wake-ups table's statistics, which
+/// autovacuum takes when the table is nearly empty (a queue's usual state), and the planner
+/// joined a scan of all wake-ups against the lanes one pair at a time. With 30 000 wake-ups that
+/// is 22 million comparisons per claim: claims of 5 to 18 s on the CPU, eight at once, while the
+/// wake-ups piled up further (`vantage soak`, minutes of lag after every fault). Here the table
+/// holds 30 000 wake-ups while its statistics say it is empty, and the work of one fold (rows
+/// produced and rows filtered out, over every plan node of every statement it runs, as
+/// `auto_explain` counts them) must stay in proportion to the wake-ups, whatever the plan.
+/// Catches: a fold statement whose cost is the product of the wake-ups and the lanes folded.
+#[tokio::test(flavor = "current_thread")]
+async fn a_fold_behind_by_thousands_of_wakeups_does_work_in_proportion_to_them() -> TestResult {
+    use std::sync::{Arc, Mutex};
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    let env = setup().await?;
+    let store = env.store.clone();
+    perspective(&store, "p", &["E"]).await?;
+    const LANES: i32 = 6_000;
+    const PER_LANE: i32 = 5;
+    const WAKEUPS: i64 = (LANES * PER_LANE) as i64;
+    let fill = "INSERT INTO wh_lane_wakeups (stream_id, perspective_name, min_version) \
+                SELECT md5(l::text)::uuid, 'p', v \
+                FROM generate_series(1, $1) v, generate_series(1, $2) l";
+    // Statistics taken while the table was empty, its pages kept (as autovacuum leaves a queue).
+    sqlx::query(fill)
+        .bind(PER_LANE)
+        .bind(LANES)
+        .execute(store.pool())
+        .await?;
+    sqlx::query("DELETE FROM wh_lane_wakeups")
+        .execute(store.pool())
+        .await?;
+    sqlx::query("VACUUM ANALYZE wh_lane_wakeups")
+        .execute(store.pool())
+        .await?;
+    sqlx::query(fill)
+        .bind(PER_LANE)
+        .bind(LANES)
+        .execute(store.pool())
+        .await?;
+
+    // The plans of the fold's statements, as notices to this session (a current-thread runtime:
+    // the connection's notices are traced on this thread, where the collector is installed).
+    let notices = Arc::new(Mutex::new(Vec::<String>::new()));
+    let _collector = tracing::subscriber::set_default(
+        tracing_subscriber::registry().with(NoticeCollector(notices.clone())),
+    );
+    let mut session = store.pool().acquire().await?;
+    for set in [
+        "LOAD 'auto_explain'",
+        "SET auto_explain.log_min_duration = 0",
+        "SET auto_explain.log_nested_statements = on",
+        "SET auto_explain.log_analyze = on",
+        "SET auto_explain.log_timing = off",
+        "SET auto_explain.log_format = 'json'",
+        "SET auto_explain.log_level = 'notice'",
+        "SET client_min_messages = 'notice'",
+    ] {
+        sqlx::query(set).execute(&mut *session).await?;
+    }
+    let folded: i32 = sqlx::query_scalar("SELECT wh_fold_lane_wakeups(1000)")
+        .fetch_one(&mut *session)
+        .await?;
+    sqlx::query("SET client_min_messages = 'warning'")
+        .execute(&mut *session)
+        .await?;
+    assert!(folded > 0, "the fold folded nothing");
+
+    let notices = notices.lock().unwrap().clone();
+    let mut work = 0.0;
+    let mut worst = (0.0, String::new());
+    for notice in &notices {
+        let Some((_, json)) = notice.split_once('\n') else {
+            continue;
+        };
+        let Ok(explained) = serde_json::from_str::<serde_json::Value>(json) else {
+            continue;
+        };
+        let statement = plan_work(&explained["Plan"]);
+        work += statement;
+        if statement > worst.0 {
+            let text = explained["Query Text"].as_str().unwrap_or("").trim();
+            worst = (statement, text.chars().take(120).collect());
+        }
+    }
+    assert!(
+        notices.len() > 3,
+        "auto_explain reported {} plans: {notices:?}",
+        notices.len()
+    );
+    // A fold that takes its lanes' wake-ups by the lane, with hashing or an index, does a few
+    // units of work per wake-up (3 here); the plan that compared every wake-up with every lane
+    // taken did 1 839 here.
+    assert!(
+        work <= 20.0 * WAKEUPS as f64,
+        "one fold of {folded} wake-ups (of {WAKEUPS}) did {work} units of work, \
+         {:.0} per wake-up; the most in: {} ({} units)",
+        work / WAKEUPS as f64,
+        worst.1,
+        worst.0
+    );
+    Ok(())
+}
+
+/// The rows a plan node and its children produced and filtered out, over all their loops.
+fn plan_work(node: &serde_json::Value) -> f64 {
+    let number = |key: &str| node[key].as_f64().unwrap_or(0.0);
+    let loops = number("Actual Loops").max(1.0);
+    let own = (number("Actual Rows")
+        + number("Rows Removed by Filter")
+        + number("Rows Removed by Join Filter")
+        + number("Rows Removed by Index Recheck"))
+        * loops;
+    let children: f64 = node["Plans"]
+        .as_array()
+        .map(|plans| plans.iter().map(plan_work).sum())
+        .unwrap_or(0.0);
+    own + children
+}
+
+/// Collects the messages of the notices sqlx traces for a session.
+struct NoticeCollector(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for NoticeCollector {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if event.metadata().target() != "sqlx::postgres::notice" {
+            return;
+        }
+        struct Message(Option<String>);
+        impl tracing::field::Visit for Message {
+            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                if field.name() == "message" {
+                    self.0 = Some(value.to_owned());
+                }
+            }
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" && self.0.is_none() {
+                    self.0 = Some(format!("{value:?}"));
+                }
+            }
+        }
+        let mut message = Message(None);
+        event.record(&mut message);
+        if let Some(text) = message.0 {
+            self.0.lock().unwrap().push(text);
+        }
+    }
+}
