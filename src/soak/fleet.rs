@@ -17,20 +17,34 @@ pub struct ProcSample {
     pub at: f64,
     /// `VmRSS`, KiB.
     pub rss_kib: u64,
+    /// `RssAnon`, KiB: the part of `VmRSS` only this process holds (its heap and stacks), what a
+    /// leak grows; the rest is mostly the executable's pages, resident once first run. 0 where
+    /// the kernel does not report it.
+    pub anon_kib: u64,
     /// Entries of `/proc/PID/fd`.
     pub fds: u64,
 }
 
-/// Reads `VmRSS` and the number of open file descriptors of `pid`; `None` once it is gone.
+/// Reads `VmRSS`, `RssAnon` and the number of open file descriptors of `pid`; `None` once it is
+/// gone.
 pub fn sample(pid: u32, at: f64) -> Option<ProcSample> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss_kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())?;
+    let kib = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let rss_kib = kib("VmRSS:")?;
+    let anon_kib = kib("RssAnon:").unwrap_or(0);
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
-    Some(ProcSample { at, rss_kib, fds })
+    Some(ProcSample {
+        at,
+        rss_kib,
+        anon_kib,
+        fds,
+    })
 }
 
 /// One process of a slot: its pid and its samples.
@@ -284,5 +298,11 @@ mod tests {
     fn samples_this_process() {
         let s = sample(std::process::id(), 0.0).expect("our own /proc entry");
         assert!(s.rss_kib > 0 && s.fds > 0);
+        assert!(
+            s.anon_kib > 0 && s.anon_kib <= s.rss_kib,
+            "RssAnon {} KiB of VmRSS {} KiB",
+            s.anon_kib,
+            s.rss_kib
+        );
     }
 }

@@ -32,6 +32,8 @@ pub struct DaemonState {
     pub pid: u32,
     /// Resident memory, KiB.
     pub rss_kib: u64,
+    /// Its anonymous part (`RssAnon`), KiB.
+    pub anon_kib: u64,
     /// Open file descriptors.
     pub fds: u64,
     /// Its sessions in `pg_stat_activity`.
@@ -66,6 +68,7 @@ pub async fn snapshot(soak: &Soak) -> Snapshot {
             slot,
             pid,
             rss_kib: s.rss_kib,
+            anon_kib: s.anon_kib,
             fds: s.fds,
             connections,
         });
@@ -194,6 +197,11 @@ pub struct DaemonReport {
     pub rss_slope_mib_per_h: Option<f64>,
     /// Samples the slope was fitted to.
     pub rss_samples: usize,
+    /// The anonymous part of its resident memory (`RssAnon`: heap and stacks, what a leak
+    /// grows) after the warm-up and at the end, MiB; reported beside the bar, not a bar.
+    pub anon_mib: (f64, f64),
+    /// The slope of the anonymous part after the warm-up, MiB per hour.
+    pub anon_slope_mib_per_h: Option<f64>,
     /// Open file descriptors after the warm-up and at the end.
     pub fds: (u64, u64),
     /// Sessions in `pg_stat_activity` after the warm-up and at the end.
@@ -318,15 +326,18 @@ impl Report {
         };
         let (w, e) = (state(&self.warm), state(&self.end));
         let fit_from = last.map_or(warmup, |l| l.spawned_at.max(warmup));
-        let points: Vec<(f64, f64)> = last
-            .map(|l| {
+        let series = |kib: fn(&fleet::ProcSample) -> u64| -> Vec<(f64, f64)> {
+            last.map(|l| {
                 l.samples
                     .iter()
                     .filter(|s| s.at >= fit_from)
-                    .map(|s| (s.at, s.rss_kib as f64 / 1024.0))
+                    .map(|s| (s.at, kib(s) as f64 / 1024.0))
                     .collect()
             })
-            .unwrap_or_default();
+            .unwrap_or_default()
+        };
+        let points = series(|s| s.rss_kib);
+        let anon = series(|s| s.anon_kib);
         DaemonReport {
             slot,
             processes: incarnations.len(),
@@ -336,6 +347,8 @@ impl Report {
             // MiB per second × 3600.
             rss_slope_mib_per_h: fleet::slope(&points).map(|s| s * 3600.0),
             rss_samples: points.len(),
+            anon_mib: (w.anon_kib as f64 / 1024.0, e.anon_kib as f64 / 1024.0),
+            anon_slope_mib_per_h: fleet::slope(&anon).map(|s| s * 3600.0),
             fds: (w.fds, e.fds),
             connections: (w.connections, e.connections),
         }
@@ -630,17 +643,27 @@ impl fmt::Display for Report {
         writeln!(f)?;
         writeln!(
             f,
-            "{:<7} {:>9} {:>16} {:>12} {:>12} {:>12}",
-            "daemon", "processes", "RSS MiB", "slope MiB/h", "fds", "connections"
+            "{:<7} {:>9} {:>16} {:>12} {:>16} {:>12} {:>12} {:>12}",
+            "daemon",
+            "processes",
+            "RSS MiB",
+            "slope MiB/h",
+            "anon MiB",
+            "anon MiB/h",
+            "fds",
+            "connections"
         )?;
         for d in &self.daemons {
             writeln!(
                 f,
-                "{:<7} {:>9} {:>16} {:>12} {:>12} {:>12}{}",
+                "{:<7} {:>9} {:>16} {:>12} {:>16} {:>12} {:>12} {:>12}{}",
                 d.slot,
                 d.processes,
                 format!("{:.1} → {:.1}", d.rss_mib.0, d.rss_mib.1),
                 d.rss_slope_mib_per_h
+                    .map_or("-".into(), |s| format!("{s:.2}")),
+                format!("{:.1} → {:.1}", d.anon_mib.0, d.anon_mib.1),
+                d.anon_slope_mib_per_h
                     .map_or("-".into(), |s| format!("{s:.2}")),
                 format!("{} → {}", d.fds.0, d.fds.1),
                 format!("{} → {}", d.connections.0, d.connections.1),
@@ -653,7 +676,7 @@ impl fmt::Display for Report {
         }
         writeln!(
             f,
-            "(start = after the {:.0} s warm-up, end = after the final drain; slope fitted to {} samples of the last process)",
+            "(start = after the {:.0} s warm-up, end = after the final drain; slopes fitted to {} samples of the last process; anon = RssAnon, the heap and stacks a leak would grow)",
             self.warm.at,
             self.daemons.iter().map(|d| d.rss_samples).max().unwrap_or(0)
         )?;
