@@ -4209,9 +4209,8 @@ async fn a_fold_behind_by_thousands_of_wakeups_does_work_in_proportion_to_them()
     let folded: i32 = sqlx::query_scalar("SELECT wh_fold_lane_wakeups(1000)")
         .fetch_one(&mut *session)
         .await?;
-    sqlx::query("SET client_min_messages = 'warning'")
-        .execute(&mut *session)
-        .await?;
+    // (closed, not returned: its explain settings must not reach another user of the pool)
+    sqlx::Connection::close(session.detach()).await?;
     assert!(folded > 0, "the fold folded nothing");
 
     let notices = notices.lock().unwrap().clone();
