@@ -583,10 +583,23 @@ DECLARE
     v_names_left int;
     v_lanes_left int := greatest(coalesce(p_max_lanes, p_max_rows, 100), 0);
     v_rows_left  int := greatest(coalesce(p_max_rows, p_max_lanes, 100), 0);
+    v_rows       int;
+    -- Per perspective, by its place in v_names: rows leased so far, rows per lane seen,
+    -- whether it has no more due lanes for us, its rows and lanes for this round.
+    v_n          int;
+    v_i          int;
+    v_p_got      int[];
+    v_p_est      numeric[];
+    v_p_dry      boolean[];
+    v_p_left     int[];
+    v_p_want     int[];
+    v_p_lanes    int[];
+    v_p_cap      int[];
+    v_active     int;
+    v_spare      int;
+    v_lanes_free int;
     v_holders    uuid[];
     v_alive      uuid[];
-    v_estimate   numeric := coalesce(p_per_lane, 50);
-    v_want       int;
     v_quota      int;
     v_round_s    uuid[];
     v_round_p    text[];
@@ -648,23 +661,66 @@ BEGIN
     -- 0. New lanes and re-woken ones: what producers, requeues and rebuilds added (part 3).
     PERFORM wh_fold_lane_wakeups(greatest(1000, v_lanes_left));
 
+    v_rows := v_rows_left;
+    v_n := cardinality(v_names);
+    v_p_got := array_fill(0, ARRAY[v_n]);
+    v_p_est := array_fill(coalesce(p_per_lane, 50)::numeric, ARRAY[v_n]);
+    v_p_dry := array_fill(false, ARRAY[v_n]);
+
     WHILE v_lanes_left > 0 AND v_rows_left > 0 AND v_rounds < 4 LOOP
         v_rounds := v_rounds + 1;
-        v_want := least(v_lanes_left, greatest(1, ceil(v_rows_left / greatest(v_estimate, 1))))::int;
 
-        -- 1. Lock due lanes: a fair share per perspective (what one leaves goes to the next),
-        --    then, if some had fewer due lanes than their share, the rest from any of them.
+        -- 1. Each perspective's share of the claim's rows: the rows are split evenly between
+        --    the perspectives that still have due lanes (one that ran out keeps what it got and
+        --    leaves the rest to the others), so a perspective whose lanes are deep (a rebuild, a
+        --    backlog) takes at most its share while others have work. Each asks for as many lanes
+        --    as its share needs at the rows per lane its lanes gave so far; the lanes are dealt
+        --    out evenly between those that ask, and what one does not need goes to the others.
+        v_active := 0;
+        v_spare := v_rows;
+        FOR v_i IN 1..v_n LOOP
+            IF v_p_dry[v_i] THEN
+                v_spare := v_spare - v_p_got[v_i];
+            ELSE
+                v_active := v_active + 1;
+            END IF;
+        END LOOP;
+        EXIT WHEN v_active = 0;
+        v_p_left := array_fill(0, ARRAY[v_n]);
+        v_p_want := array_fill(0, ARRAY[v_n]);
+        v_p_lanes := array_fill(0, ARRAY[v_n]);
+        FOR v_i IN 1..v_n LOOP
+            CONTINUE WHEN v_p_dry[v_i];
+            -- (an even split of v_spare, the remainder to the first ones: the shares add up to
+            --  the rows left)
+            v_p_left[v_i] := greatest(v_spare / v_active
+                                      + CASE WHEN v_spare % v_active > 0 THEN 1 ELSE 0 END
+                                      - v_p_got[v_i], 0);
+            v_spare := v_spare - v_spare / v_active
+                       - CASE WHEN v_spare % v_active > 0 THEN 1 ELSE 0 END;
+            v_active := v_active - 1;
+            v_p_left[v_i] := least(v_p_left[v_i], v_rows_left);
+            v_p_want[v_i] := ceil(v_p_left[v_i] / greatest(v_p_est[v_i], 1))::int;
+        END LOOP;
+
         v_round_s := '{}';
         v_round_p := '{}';
-        FOR v_pass IN 1..2 LOOP
-            EXIT WHEN cardinality(v_round_s) >= v_want;
-            v_names_left := cardinality(v_names);
-            FOREACH v_name IN ARRAY v_names LOOP
-                v_quota := CASE WHEN v_pass = 1
-                    THEN ceil((v_want - cardinality(v_round_s))::numeric / v_names_left)::int
-                    ELSE v_want - cardinality(v_round_s) END;
+        v_lanes_free := v_lanes_left;
+        FOR v_pass IN 1..3 LOOP
+            v_names_left := 0;
+            FOR v_i IN 1..v_n LOOP
+                IF NOT v_p_dry[v_i] AND v_p_lanes[v_i] < v_p_want[v_i] THEN
+                    v_names_left := v_names_left + 1;
+                END IF;
+            END LOOP;
+            EXIT WHEN v_names_left = 0 OR v_lanes_free <= 0;
+            FOR v_i IN 1..v_n LOOP
+                CONTINUE WHEN v_p_dry[v_i] OR v_p_lanes[v_i] >= v_p_want[v_i];
+                v_quota := least(v_p_want[v_i] - v_p_lanes[v_i],
+                                 ceil(v_lanes_free::numeric / v_names_left)::int);
                 v_names_left := v_names_left - 1;
                 CONTINUE WHEN v_quota <= 0;
+                v_name := v_names[v_i];
                 SELECT array_agg(d.stream_id), array_agg(d.perspective_name)
                 INTO v_got_s, v_got_p
                 FROM (
@@ -677,9 +733,14 @@ BEGIN
                     LIMIT v_quota
                     FOR UPDATE SKIP LOCKED
                 ) d;
+                IF coalesce(cardinality(v_got_s), 0) < v_quota THEN
+                    v_p_dry[v_i] := true;   -- no more due lanes (that we can lock) for it
+                END IF;
                 IF v_got_s IS NOT NULL THEN
                     v_round_s := v_round_s || v_got_s;
                     v_round_p := v_round_p || v_got_p;
+                    v_p_lanes[v_i] := v_p_lanes[v_i] + cardinality(v_got_s);
+                    v_lanes_free := v_lanes_free - cardinality(v_got_s);
                 END IF;
             END LOOP;
         END LOOP;
@@ -687,35 +748,52 @@ BEGIN
         v_lanes_left := v_lanes_left - cardinality(v_round_s);
 
         -- 2. Candidates: per lane, the leading rows that are claimable (bool_and over the lane
-        --    keeps only the prefix before the first blocked row), an even share of the budget
-        --    per lane (what short lanes leave is taken in the next round), ranked round-robin.
+        --    keeps only the prefix before the first blocked row), an even share of its
+        --    perspective's rows per lane, ranked round-robin across the lanes (every lane's first
+        --    row before any lane's second) and cut at the perspective's share (what is left is
+        --    taken in the next round).
+        v_p_cap := array_fill(1, ARRAY[v_n]);
+        FOR v_i IN 1..v_n LOOP
+            IF v_p_lanes[v_i] > 0 THEN
+                v_p_cap[v_i] := coalesce(p_per_lane,
+                                         ceil(v_p_left[v_i]::numeric / v_p_lanes[v_i])::int);
+            END IF;
+        END LOOP;
         SELECT array_agg(c.event_work_id), array_agg(c.sid), array_agg(c.pname),
                array_agg(c.stream_version), array_agg(c.row_tid)
         INTO v_c_id, v_c_s, v_c_p, v_c_v, v_c_tid
         FROM (
-            SELECT r.event_work_id, r.sid, r.pname, r.stream_version, r.row_tid
+            SELECT s.event_work_id, s.sid, s.pname, s.stream_version, s.row_tid, s.rn
             FROM (
-                SELECT w.event_work_id, k.sid, k.pname, w.stream_version, w.row_tid,
-                       row_number() OVER lane AS rn,
-                       bool_and(w.ok) OVER lane AS prefix_ok
-                FROM unnest(v_round_s, v_round_p) AS k(sid, pname)
-                CROSS JOIN LATERAL (
-                    SELECT pe.event_work_id, pe.stream_version, pe.ctid AS row_tid,
-                           CASE
-                               WHEN pe.instance_id IS NULL THEN pe.scheduled_for <= now()
-                               WHEN pe.lease_expiry < now() THEN true
-                               ELSE NOT EXISTS (SELECT 1 FROM wh_service_instances si
-                                                WHERE si.instance_id = pe.instance_id)
-                           END AS ok
-                    FROM wh_perspective_events pe
-                    WHERE pe.perspective_name = k.pname AND pe.stream_id = k.sid
-                    ORDER BY pe.stream_version
-                    LIMIT coalesce(p_per_lane,
-                                   ceil(v_rows_left::numeric / cardinality(v_round_s))::int)) w
-                WINDOW lane AS (PARTITION BY k.sid, k.pname ORDER BY w.stream_version)
-            ) r
-            WHERE r.prefix_ok
-            ORDER BY r.rn, r.sid, r.pname
+                SELECT r.event_work_id, r.sid, r.pname, r.stream_version, r.row_tid, r.rn,
+                       r.quota_rows,
+                       row_number() OVER (PARTITION BY r.pname ORDER BY r.rn, r.sid) AS prn
+                FROM (
+                    SELECT w.event_work_id, k.sid, k.pname, w.stream_version, w.row_tid,
+                           q.quota_rows,
+                           row_number() OVER lane AS rn,
+                           bool_and(w.ok) OVER lane AS prefix_ok
+                    FROM unnest(v_round_s, v_round_p) AS k(sid, pname)
+                    JOIN unnest(v_names, v_p_left, v_p_cap) AS q(pname, quota_rows, per_lane)
+                      ON q.pname = k.pname
+                    CROSS JOIN LATERAL (
+                        SELECT pe.event_work_id, pe.stream_version, pe.ctid AS row_tid,
+                               CASE
+                                   WHEN pe.instance_id IS NULL THEN pe.scheduled_for <= now()
+                                   WHEN pe.lease_expiry < now() THEN true
+                                   ELSE NOT EXISTS (SELECT 1 FROM wh_service_instances si
+                                                    WHERE si.instance_id = pe.instance_id)
+                               END AS ok
+                        FROM wh_perspective_events pe
+                        WHERE pe.perspective_name = k.pname AND pe.stream_id = k.sid
+                        ORDER BY pe.stream_version
+                        LIMIT q.per_lane) w
+                    WINDOW lane AS (PARTITION BY k.sid, k.pname ORDER BY w.stream_version)
+                ) r
+                WHERE r.prefix_ok
+            ) s
+            WHERE s.prn <= s.quota_rows
+            ORDER BY s.rn, s.sid, s.pname
             LIMIT v_rows_left
         ) c;
 
@@ -908,9 +986,14 @@ BEGIN
           AND (h.leased OR h.head IS NOT NULL);
 
         v_rows_left := v_rows_left - v_taken;
-        -- Size the next round from what this one's lanes gave.
-        v_estimate := greatest(v_taken::numeric / cardinality(v_round_s), 1);
-        EXIT WHEN cardinality(v_round_s) < v_want;   -- no more due lanes
+        -- Size each perspective's next round from what its lanes gave in this one.
+        FOR v_i IN 1..v_n LOOP
+            CONTINUE WHEN v_p_lanes[v_i] = 0;
+            v_taken := (SELECT count(*) FROM unnest(v_u_p) AS u(pname)
+                        WHERE u.pname = v_names[v_i]);
+            v_p_got[v_i] := v_p_got[v_i] + v_taken;
+            v_p_est[v_i] := greatest(v_taken::numeric / v_p_lanes[v_i], 1);
+        END LOOP;
     END LOOP;
 
     IF cardinality(v_all) = 0 THEN

@@ -2949,6 +2949,89 @@ async fn parked_lanes_do_not_starve_another_perspective() -> TestResult {
     Ok(())
 }
 
+/// Rule 17, by rows. A perspective whose lanes are deep (a rebuild re-queued its history) takes
+/// at most its share of a claim's rows, and the lanes it does not need go to perspectives whose
+/// lanes hold a row or two (fresh events), so a rebuild's backlog does not fill every batch
+/// while fresh events wait; alone, it still gets whole claims. Catches: a claim that shares
+/// lanes between perspectives but gives each lane an even share of the rows (a deep lane then
+/// brings dozens where a fresh lane brings one), a claim that sizes every perspective's lanes
+/// by one estimate of rows per lane, a share that is not given back when the others have no
+/// work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deep_perspective_takes_its_share_of_a_claims_rows_not_the_whole_claim() -> TestResult {
+    const DEEP_LANES: usize = 20;
+    const DEEP_ROWS: usize = 80;
+    const FRESH_LANES: usize = 200;
+    const ROWS: u32 = 500;
+    const LANES: u32 = 100;
+
+    let ctx = setup().await?;
+    let store = ctx.store.clone();
+    perspective(&store, "Deep", &["Old"]).await?;
+    perspective(&store, "FreshA", &["New"]).await?;
+    perspective(&store, "FreshB", &["New"]).await?;
+    for _ in 0..DEEP_LANES {
+        append(&store, Uuid::new_v4(), &["Old"; DEEP_ROWS]).await?;
+    }
+    for _ in 0..FRESH_LANES {
+        append(&store, Uuid::new_v4(), &["New"]).await?;
+    }
+    let all = names(&["Deep", "FreshA", "FreshB"]);
+    let per_perspective = |rows: &[WorkRow]| {
+        let mut n: BTreeMap<String, usize> = BTreeMap::new();
+        for r in rows {
+            *n.entry(r.perspective_name.clone()).or_default() += 1;
+        }
+        n
+    };
+
+    let instance = live_instance(&store).await?;
+    let rows = store
+        .claim_work(instance, LEASE, LANES, ROWS, Some(all.as_slice()))
+        .await?;
+    let got = per_perspective(&rows);
+    let deep = got.get("Deep").copied().unwrap_or(0);
+    let (a, b) = (
+        got.get("FreshA").copied().unwrap_or(0),
+        got.get("FreshB").copied().unwrap_or(0),
+    );
+    let share = (ROWS as usize).div_ceil(all.len());
+    assert!(
+        deep > 0 && deep <= share,
+        "the deep perspective takes rows, at most its share of {share}: {got:?}"
+    );
+    // Every lane the deep perspective does not need goes to the fresh ones (one row each).
+    assert!(
+        a + b >= LANES as usize * 8 / 10 && a.min(b) >= (a + b) * 3 / 10,
+        "the fresh perspectives get most of the claim's lanes, shared: {got:?}"
+    );
+
+    // Alone (another instance leases every fresh row first), the deep perspective gets whole
+    // claims.
+    let fresh = live_instance(&store).await?;
+    let rows = store
+        .claim_work(
+            fresh,
+            LEASE,
+            BIG,
+            BIG,
+            Some(names(&["FreshA", "FreshB"]).as_slice()),
+        )
+        .await?;
+    assert_eq!(rows.len() + a + b, 2 * FRESH_LANES);
+    let other = live_instance(&store).await?;
+    let rows = store
+        .claim_work(other, LEASE, LANES, ROWS, Some(all.as_slice()))
+        .await?;
+    let got = per_perspective(&rows);
+    assert_eq!(
+        got.get("Deep").copied().unwrap_or(0),
+        ROWS as usize,
+        "alone, a deep perspective's claim is full: {got:?}"
+    );
+    Ok(())
+}
+
 /// Rule 18. A claim meeting a row of its lane locked by someone else (an old holder finishing)
 /// neither waits for it nor leases rows behind it: it comes back at once without that lane, and
 /// takes the whole lane once the lock is gone. Catches: a claim that waits on the lock (and can
