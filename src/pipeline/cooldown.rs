@@ -167,7 +167,29 @@ struct Inner {
     next_seq: u64,
 }
 
+/// Stale queue pairs tolerated beyond two per entry before the queue is compacted.
+const QUEUE_SLACK: usize = 64;
+/// Caches larger than this grow as they fill instead of reserving everything at start.
+const RESERVED_ENTRIES_MAX: usize = 4_000_000;
+
 impl Inner {
+    /// Room for `max_entries` reserved at start, so that a full cache's memory never changes
+    /// afterwards. The map gets twice the room it needs: removals leave tombstones, and a map
+    /// more than half full of live entries grows (doubling, mid-run) instead of clearing them in
+    /// place. The queue holds at most two pairs per entry plus slack
+    /// ([`Inner::compact_if_bloated`] runs after every push).
+    fn with_room_for(max_entries: usize) -> Self {
+        let reserved = max_entries.min(RESERVED_ENTRIES_MAX);
+        if reserved == 0 {
+            return Self::default();
+        }
+        Self {
+            entries: IdMap::with_capacity_and_hasher(2 * reserved + 2, Default::default()),
+            order: VecDeque::with_capacity(2 * reserved + QUEUE_SLACK + 2),
+            next_seq: 0,
+        }
+    }
+
     /// The time of the queue pair `(id, seq)` if it is still the live mark of `id`.
     fn live_at(&self, id: &Uuid, seq: u64) -> Option<u64> {
         self.entries
@@ -210,7 +232,7 @@ impl Inner {
     /// lazy removals cannot grow it without bound. Amortised O(1): it runs only after as many
     /// stale pairs as live entries have piled up.
     fn compact_if_bloated(&mut self) {
-        if self.order.len() > 2 * self.entries.len() + 64 {
+        if self.order.len() > 2 * self.entries.len() + QUEUE_SLACK {
             let entries = &self.entries;
             self.order
                 .retain(|(id, seq)| entries.get(id).is_some_and(|e| e.seq == *seq));
@@ -234,7 +256,7 @@ impl<C: Clock> CooldownCache<C> {
             max_entries,
             clock,
             epoch,
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner::with_room_for(max_entries)),
         }
     }
 
@@ -301,8 +323,9 @@ impl<C: Clock> CooldownCache<C> {
                     inner.evict_oldest((self.max_entries / 10).max(1));
                 }
             }
+            // (after every push: the queue stays within the room reserved for it)
+            inner.compact_if_bloated();
         }
-        inner.compact_if_bloated();
     }
 
     /// The work ids among `work_ids` that [`CooldownCache::is_cooled`] would report, looked
@@ -345,6 +368,13 @@ impl<C: Clock> CooldownCache<C> {
         let removed = inner.pop_expired(now, self.ttl_nanos);
         inner.compact_if_bloated();
         removed
+    }
+
+    /// The capacities of the map and the queue (tests: they never change).
+    #[cfg(test)]
+    fn capacities(&self) -> (usize, usize) {
+        let inner = self.lock();
+        (inner.entries.capacity(), inner.order.capacity())
     }
 
     /// Number of entries, expired ones not yet removed included.
@@ -558,6 +588,41 @@ mod tests {
             }
         }
         assert!(buckets.len() > 4 * 250, "{} distinct", buckets.len());
+    }
+
+    /// The soak's finding: a full cache's map doubled mid-run (its removals leave tombstones,
+    /// and hashbrown grows rather than rehashes when they fill it past half), and its queue
+    /// doubled when re-marks left stale pairs: steps of resident memory hours into a run.
+    #[test]
+    fn a_full_cache_under_churn_never_grows_its_memory() {
+        const MAX: usize = 1_000;
+        let (clock, cache) = cache(MAX);
+        let at_start = cache.capacities();
+        let mut ids_seen = Vec::new();
+        for round in 0..200 {
+            let batch = ids(MAX / 4);
+            cache.mark_all(&batch);
+            // Re-marks (stale pairs), lookups of expired entries (lazy removals), forgets
+            // (removals in the middle of the map), and single marks beside the batches.
+            cache.mark_all(&batch[..MAX / 8]);
+            for id in &batch[MAX / 8..MAX / 8 + 20] {
+                cache.forget(*id);
+            }
+            cache.mark(Uuid::new_v4());
+            if round % 7 == 0 {
+                clock.advance(TTL);
+                cache.cooled_among(ids_seen.drain(..));
+            }
+            ids_seen.extend_from_slice(&batch);
+            // (A map's capacity counts out its tombstones until it clears them in place: it may
+            // dip, never rise.)
+            let (map, queue) = cache.capacities();
+            assert!(
+                map <= at_start.0 && queue == at_start.1,
+                "round {round}: capacities ({map}, {queue}) grew from {at_start:?}"
+            );
+            assert!(cache.len() <= MAX);
+        }
     }
 
     #[test]
