@@ -12,7 +12,8 @@
 //! (the console's chart history, docs/operations.md "The metric history"): the settle stage
 //! adds a committed pass's tally, the sampler takes and writes them.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -105,6 +106,48 @@ struct Inner {
     /// when it leaves the work table ([`InFlight::gone`]); bounded besides: cleared when it
     /// grows past [`FORGIVEN_ROWS`], which only gives rows their budget again.
     forgiven: IdMap<u32>,
+}
+
+/// A map or set whose memory can be given back.
+trait Room {
+    fn len(&self) -> usize;
+    fn capacity(&self) -> usize;
+    fn shrink_to(&mut self, min_capacity: usize);
+}
+
+impl<K: Eq + Hash, V, S: BuildHasher> Room for HashMap<K, V, S> {
+    fn len(&self) -> usize {
+        HashMap::len(self)
+    }
+    fn capacity(&self) -> usize {
+        HashMap::capacity(self)
+    }
+    fn shrink_to(&mut self, min_capacity: usize) {
+        HashMap::shrink_to(self, min_capacity)
+    }
+}
+
+impl<K: Eq + Hash, S: BuildHasher> Room for HashSet<K, S> {
+    fn len(&self) -> usize {
+        HashSet::len(self)
+    }
+    fn capacity(&self) -> usize {
+        HashSet::capacity(self)
+    }
+    fn shrink_to(&mut self, min_capacity: usize) {
+        HashSet::shrink_to(self, min_capacity)
+    }
+}
+
+/// Gives a map's memory back once it is mostly empty, keeping room to grow again: a map keeps
+/// its peak capacity otherwise, and a burst (a catch-up after an outage) would leave every
+/// daemon that much larger for good. Shrinking at a quarter to twice the length makes each
+/// reallocation pay for itself (the length must double or halve again before the next one).
+fn shrink_when_sparse(map: &mut impl Room) {
+    let len = map.len();
+    if map.capacity() > 1024 && len * 4 < map.capacity() {
+        map.shrink_to(len * 2);
+    }
 }
 
 /// Rows [`Inner::forgiven`] remembers at most.
@@ -308,12 +351,15 @@ impl InFlight {
     /// row the batch did not hold), in order.
     pub(crate) fn forget(&self, batch: u64, ids: &[Uuid]) -> Vec<Option<Held>> {
         let mut inner = self.lock();
-        ids.iter()
+        let held = ids
+            .iter()
             .map(|id| match inner.rows.get(id) {
                 Some(h) if h.batch == batch => inner.rows.remove(id),
                 _ => None,
             })
-            .collect()
+            .collect();
+        shrink_when_sparse(&mut inner.rows);
+        held
     }
 
     /// Rows that left the work table (completed, dead-lettered): nothing is remembered of them.
@@ -327,11 +373,7 @@ impl InFlight {
         for id in ids {
             inner.forgiven.remove(id);
         }
-        // Give the memory back once the map is mostly empty (with room to grow again).
-        let len = inner.forgiven.len();
-        if inner.forgiven.capacity() > 1024 && len * 4 < inner.forgiven.capacity() {
-            inner.forgiven.shrink_to(len * 2);
-        }
+        shrink_when_sparse(&mut inner.forgiven);
     }
 
     /// How many rows are remembered as forgiven (see [`InFlight::forgive_started`]).
@@ -355,6 +397,8 @@ impl InFlight {
                 true
             }
         });
+        shrink_when_sparse(rows);
+        shrink_when_sparse(&mut inner.lanes);
     }
 
     /// Rows owed back (see [`InFlight::settle_owed`]).
@@ -650,6 +694,35 @@ mod tests {
         inflight.end(second.batch, &second.lanes);
         assert!(inflight.rows().is_empty());
         assert_eq!(inflight.lanes_reserved(), 0);
+    }
+
+    /// The soak's RSS steps: after a burst (a catch-up after an outage: every loop's batch full,
+    /// rows owed), the maps of rows and lanes kept their peak size for good, half a megabyte
+    /// and more each time a larger burst came.
+    #[test]
+    fn after_a_burst_the_record_gives_its_memory_back() {
+        let inflight = InFlight::new();
+        let rows: Vec<WorkRow> = (0..5000).map(|_| row("P", Uuid::new_v4())).collect();
+        let batch = inflight.record(&rows);
+        let ids: Vec<Uuid> = rows.iter().map(|r| r.event_work_id).collect();
+        let (rows_at_peak, lanes_at_peak) = {
+            let inner = inflight.lock();
+            (inner.rows.capacity(), inner.lanes.capacity())
+        };
+        inflight.forget(batch.batch, &ids[..4990]);
+        inflight.end(batch.batch, &batch.lanes);
+        let inner = inflight.lock();
+        assert!(inner.rows.is_empty() && inner.lanes.is_empty());
+        assert!(
+            inner.rows.capacity() < rows_at_peak / 16
+                && inner.lanes.capacity() < lanes_at_peak / 16,
+            "rows {} of {rows_at_peak}, lanes {} of {lanes_at_peak}",
+            inner.rows.capacity(),
+            inner.lanes.capacity()
+        );
+        // The ten rows the batch did not settle are owed, and the owed map is not kept at a
+        // burst's size either once given back (settle_owed takes it whole).
+        assert_eq!(inner.owed.len(), 10);
     }
 
     /// The 60-minute soak's RSS slope: every row a terminated session's pass had forgiven stayed

@@ -405,7 +405,11 @@ impl BatchSessions {
 
     /// Keeps a clean session for the next batch (drops it, which closes its connection, when
     /// there are enough or the store is closing).
-    fn put(&self, session: BatchSession) {
+    fn put(&self, mut session: BatchSession) {
+        // A batch's statement carries every row of the batch, and the connection's buffers keep
+        // the largest size they ever grew to: a catch-up's full batches would leave each session
+        // that much larger for good (a soak's resident memory stepped up after every outage).
+        sqlx::Connection::shrink_buffers(&mut *session.conn);
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         if !idle.closed && idle.sessions.len() < IDLE_SESSIONS {
             idle.sessions.push(session);
