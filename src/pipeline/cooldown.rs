@@ -592,7 +592,8 @@ mod tests {
 
     /// The soak's finding: a full cache's map doubled mid-run (its removals leave tombstones,
     /// and hashbrown grows rather than rehashes when they fill it past half), and its queue
-    /// doubled when re-marks left stale pairs: steps of resident memory hours into a run.
+    /// doubled when re-marks left stale pairs: steps of resident memory mid-run (the map's
+    /// doubling, 4.3 → 8.6 MiB, in the catch-up after an outage).
     #[test]
     fn a_full_cache_under_churn_never_grows_its_memory() {
         const MAX: usize = 1_000;
