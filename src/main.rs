@@ -2,6 +2,12 @@
 
 use clap::Parser;
 
+/// jemalloc rather than the system's malloc: a daemon whose sessions are cut and re-made in
+/// bursts keeps less of each burst resident afterwards (see Cargo.toml).
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() {
     let cli = match vantage::cli::Cli::try_parse() {
         Ok(cli) => cli,
