@@ -82,7 +82,7 @@ impl Tasks {
             }));
         }
         for id in 0..worker.consumers {
-            let pipeline = pipeline.clone();
+            let pipeline = pipeline.for_consumer(id, worker.consumers);
             let wake = wake_rx.clone();
             let token = self.stop_claiming.clone();
             let poll = worker.poll_interval;

@@ -13,7 +13,9 @@
 //! 6. [`settle`]: each pass's decisions become durable through the lease handle, in the same
 //!    transaction as the handlers' writes; at the end whatever is still ours goes back.
 //!
-//! [`inflight`] is the process's one record of which rows and lanes its batches hold.
+//! [`inflight`] is the process's one record of which rows and lanes its batches hold;
+//! [`replaying`] chooses which perspectives a loop's claims ask for (history is background
+//! work: one loop takes the perspectives replaying it).
 
 pub mod apply;
 pub mod backoff;
@@ -23,6 +25,7 @@ pub mod dlq_filter;
 pub mod envelope;
 pub mod inflight;
 pub mod lease;
+pub mod replaying;
 pub mod settle;
 mod spans;
 
@@ -35,6 +38,7 @@ use self::apply::{ApplyBatchError, ApplyContext, BatchOutcome};
 use self::claim::ClaimLimits;
 use self::dlq_filter::DeadLetterSink;
 use self::inflight::InFlight;
+use self::replaying::{ClaimRole, Replaying};
 use crate::config::WorkerSettings;
 use crate::perspective::PerspectiveRegistry;
 use crate::store::{InstanceId, Store, StoreError, WorkStore};
@@ -93,6 +97,10 @@ pub struct Pipeline<S: WorkStore = Store> {
     pub dead_letters_enabled: bool,
     /// Whether some perspective reads events' payloads (else claims leave them out).
     pub reads_data: bool,
+    /// Which perspectives this loop's claims ask for ([`replaying`]).
+    pub role: ClaimRole,
+    /// The perspectives this process has seen replaying history, shared by every clone.
+    pub replaying: Arc<Replaying>,
 }
 
 impl<S: WorkStore> Pipeline<S> {
@@ -131,6 +139,17 @@ impl<S: WorkStore> Pipeline<S> {
             inflight,
             dead_letters_enabled,
             reads_data,
+            role: ClaimRole::All,
+            replaying: Arc::default(),
+        }
+    }
+
+    /// The pipeline of consumer loop `id` of `consumers`: with two or more, the first claims
+    /// the perspectives replaying history and the others the rest ([`replaying`]).
+    pub fn for_consumer(&self, id: usize, consumers: usize) -> Pipeline<S> {
+        Pipeline {
+            role: ClaimRole::of_consumer(id, consumers),
+            ..self.clone()
         }
     }
 
@@ -153,7 +172,8 @@ impl<S: WorkStore> Pipeline<S> {
         }
         // 1. Claim: the lease handle owns the rows from here on. Its span is never entered, so
         // nothing starts it before the number of rows is on it.
-        let claim_span = spans::claim(self.perspectives.len(), self.limits.batch_size);
+        let asked = self.replaying.claimable(self.role, &self.perspectives);
+        let claim_span = spans::claim(asked.len(), self.limits.batch_size);
         let claim = async {
             // Rows a claim of ours leased although its answer was lost stall their lanes too.
             if let Err(error) = self
@@ -166,7 +186,7 @@ impl<S: WorkStore> Pipeline<S> {
             claim::claim_batch_reading(
                 &ctx.store,
                 ctx.instance,
-                &self.perspectives,
+                &asked,
                 &self.limits,
                 &self.inflight,
                 ctx.max_attempts,
@@ -180,6 +200,11 @@ impl<S: WorkStore> Pipeline<S> {
             claimed = claim => claimed.map_err(DrainError::Claim)?,
         };
         let rows = lease.take_rows();
+        self.replaying.observe(
+            self.role,
+            &asked,
+            rows.iter().map(|r| (r.perspective_name.as_str(), r.replay)),
+        );
         // Recorded before anything asks for the span's context: the sampler drops an empty claim.
         claim_span.record(crate::telemetry::traces::CLAIMED, rows.len() as i64);
         if rows.is_empty() {
