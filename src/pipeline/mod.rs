@@ -97,7 +97,7 @@ pub struct Pipeline<S: WorkStore = Store> {
     pub dead_letters_enabled: bool,
     /// Whether some perspective reads events' payloads (else claims leave them out).
     pub reads_data: bool,
-    /// Which perspectives this loop's claims ask for ([`replaying`]).
+    /// Which perspectives this loop's claims ask for (`pipeline::replaying`).
     pub role: ClaimRole,
     /// The perspectives this process has seen replaying history, shared by every clone.
     pub replaying: Arc<Replaying>,
@@ -145,7 +145,7 @@ impl<S: WorkStore> Pipeline<S> {
     }
 
     /// The pipeline of consumer loop `id` of `consumers`: with two or more, the first claims
-    /// the perspectives replaying history and the others the rest ([`replaying`]).
+    /// the perspectives replaying history and the others the rest (`pipeline::replaying`).
     pub fn for_consumer(&self, id: usize, consumers: usize) -> Pipeline<S> {
         Pipeline {
             role: ClaimRole::of_consumer(id, consumers),
