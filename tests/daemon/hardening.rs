@@ -1063,8 +1063,9 @@ async fn rows_of_a_pass_whose_commit_died_with_its_session_are_refunded_a_bounde
         ..WorkerSettings::default()
     };
     let pipeline = Pipeline::new(env.store.clone(), instance, registry, None, &worker);
-    let waiting = "SELECT count(*) FROM pg_stat_activity \
-                   WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'";
+    // (in this test's database: the suite's other tests share the server)
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                   AND wait_event_type = 'Lock' AND wait_event = 'advisory'";
     let rows = || async {
         sqlx::query_as::<_, (Option<Uuid>, i32)>(
             "SELECT instance_id, attempts FROM wh_perspective_events ORDER BY stream_version",
@@ -1088,7 +1089,8 @@ async fn rows_of_a_pass_whose_commit_died_with_its_session_are_refunded_a_bounde
         env.wait_until(waiting, 1, secs(30)).await;
         env.exec(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-             WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'",
+             WHERE datname = current_database() \
+               AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
         )
         .await;
         let result = drain.await.unwrap();

@@ -691,8 +691,8 @@ async fn sigterm_while_migrating_exits_0_with_a_log_line() {
     loop {
         let waiting = process::scalar(
             &store,
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE application_name LIKE 'vantage %' AND wait_event_type = 'Lock'",
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND application_name LIKE 'vantage %' AND wait_event_type = 'Lock'",
         )
         .await;
         if waiting > 0 {
@@ -711,10 +711,13 @@ async fn sigterm_while_migrating_exits_0_with_a_log_line() {
     daemon.signal(Signal::SIGTERM);
     let code = daemon.wait(Duration::from_secs(10)).await;
     let log = daemon.log_text();
-    // Its statement may still be queued behind our lock: end it before letting go.
+    // Its statement may still be queued behind our lock: end it before letting go. Only in
+    // this test's database: the suite's other tests run their daemons on the same server (one
+    // of them was killed at start-up by this statement, exit 69).
     process::exec(
         &store,
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE 'vantage %'",
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND application_name LIKE 'vantage %'",
     )
     .await;
     let _ = sqlx::raw_sql("ROLLBACK").execute(&mut holder).await;
