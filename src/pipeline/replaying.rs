@@ -12,6 +12,7 @@
 //! history loop returns none of it. Each lane is still claimed by one claimer at a time in
 //! stream order (the database's part); this only chooses which perspectives a claim asks for.
 
+use std::borrow::Cow;
 use std::sync::Mutex;
 
 /// Which perspectives a consumer loop's claims ask for.
@@ -43,17 +44,21 @@ pub struct Replaying {
 }
 
 impl Replaying {
-    /// The perspectives of `all` that a claim of `role` asks for.
-    pub fn claimable(&self, role: ClaimRole, all: &[String]) -> Vec<String> {
+    /// The perspectives of `all` that a claim of `role` asks for: `all` itself (no copy, the
+    /// usual case) unless some perspective is replaying history.
+    pub fn claimable<'a>(&self, role: ClaimRole, all: &'a [String]) -> Cow<'a, [String]> {
         let replaying = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        if role == ClaimRole::All || replaying.is_empty() {
+            return Cow::Borrowed(all);
+        }
         let (history, fresh): (Vec<&String>, Vec<&String>) =
             all.iter().partition(|p| replaying.contains(p));
         let chosen = match role {
             ClaimRole::History if !history.is_empty() => history,
             ClaimRole::Fresh if !fresh.is_empty() => fresh,
-            _ => return all.to_vec(),
+            _ => return Cow::Borrowed(all),
         };
-        chosen.into_iter().cloned().collect()
+        Cow::Owned(chosen.into_iter().cloned().collect())
     }
 
     /// Records what a claim of `role` over `asked` returned, `(perspective, replay)` per row:
