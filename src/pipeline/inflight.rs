@@ -152,7 +152,7 @@ fn shrink_when_sparse(map: &mut impl Room) {
 
 /// Rows [`Inner::forgiven`] remembers at most (besides one batch's). A row another instance
 /// completes is never seen leaving here, so after a storm of cut sessions the map holds mostly
-/// such rows until it is renewed: kept small (≈ 100 KiB), since renewing only gives rows
+/// such rows until it is renewed: kept small (under 200 KiB), since renewing only gives rows
 /// their budget again. At 50 000 it made a step of resident memory in each soak's terminate
 /// phase.
 const FORGIVEN_ROWS: usize = 4_096;
