@@ -170,6 +170,20 @@ impl<S: WorkStore> Pipeline<S> {
         if let Err(error) = self.inflight.settle_owed(&ctx.store, ctx.instance).await {
             tracing::debug!(%error, "could not give back rows owed back yet");
         }
+        // History yields to fresh work that waits (`replaying`): before the claim, nothing held.
+        if self.role == ClaimRole::History {
+            let mut waited = std::time::Duration::ZERO;
+            while let Some(step) = self
+                .replaying
+                .history_wait(waited, std::time::Instant::now())
+            {
+                tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => return Ok(DrainOutcome::default()),
+                    _ = tokio::time::sleep(step) => waited += step,
+                }
+            }
+        }
         // 1. Claim: the lease handle owns the rows from here on. Its span is never entered, so
         // nothing starts it before the number of rows is on it.
         let asked = self.replaying.claimable(self.role, &self.perspectives);
@@ -205,6 +219,10 @@ impl<S: WorkStore> Pipeline<S> {
             &asked,
             rows.iter().map(|r| (r.perspective_name.as_str(), r.replay)),
         );
+        if self.role == ClaimRole::Fresh {
+            self.replaying
+                .report_fresh(&rows, std::time::Instant::now());
+        }
         // Recorded before anything asks for the span's context: the sampler drops an empty claim.
         claim_span.record(crate::telemetry::traces::CLAIMED, rows.len() as i64);
         if rows.is_empty() {

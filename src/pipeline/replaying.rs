@@ -11,9 +11,31 @@
 //! replaying when a claim returns a `replay` row of it, and no longer when a claim of the
 //! history loop returns none of it. Each lane is still claimed by one claimer at a time in
 //! stream order (the database's part); this only chooses which perspectives a claim asks for.
+//!
+//! Separate loops are not enough on a small machine: the history loops of every process still
+//! take the CPU (theirs and the database's) the fresh loops need, and during the 60-minute
+//! soak's rebuild of 166 000 events the others' lag stayed at 2–3 s for 83 s. So history also
+//! yields: the fresh loops report how long the fresh rows of their latest claim had waited
+//! ([`Replaying::report_fresh`]), and while that is above [`HISTORY_YIELDS_ABOVE`] the history
+//! loop waits before its next claim ([`Replaying::history_wait`]), in steps of [`YIELD_STEP`],
+//! at most [`HISTORY_MAX_YIELD`] per claim, so history always moves. A report older than
+//! [`FRESH_REPORT_VALID`] (the fresh loops are idle or stuck elsewhere) is not obeyed.
 
 use std::borrow::Cow;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::store::WorkRow;
+
+/// Fresh rows that waited longer than this when a fresh loop claimed them make the history
+/// loop wait: a quarter of the one-second lag an operator notices.
+pub const HISTORY_YIELDS_ABOVE: Duration = Duration::from_millis(250);
+/// The most the history loop waits before one claim.
+pub const HISTORY_MAX_YIELD: Duration = Duration::from_secs(2);
+/// How long a fresh loop's report is obeyed.
+pub const FRESH_REPORT_VALID: Duration = Duration::from_secs(2);
+/// How often a waiting history loop looks at the reports again.
+pub const YIELD_STEP: Duration = Duration::from_millis(100);
 
 /// Which perspectives a consumer loop's claims ask for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +63,8 @@ impl ClaimRole {
 #[derive(Debug, Default)]
 pub struct Replaying {
     names: Mutex<Vec<String>>,
+    /// The fresh loops' latest report: how long the fresh rows of the claim had waited, and when.
+    fresh_waited: Mutex<Option<(Duration, Instant)>>,
 }
 
 impl Replaying {
@@ -104,6 +128,45 @@ impl Replaying {
     /// The perspectives seen replaying history, in the order they were first seen.
     pub fn names(&self) -> Vec<String> {
         self.names.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Records what a fresh loop's claim at `now` returned: how long its longest-waiting fresh
+    /// row had been queued. Only first deliveries count (a retry's or a requeued row's wait
+    /// includes its backoff); a claim without one reports no wait.
+    pub fn report_fresh(&self, rows: &[WorkRow], now: Instant) {
+        let waited = rows
+            .iter()
+            .filter(|r| !r.replay && r.attempts <= 1 && r.failures == 0)
+            .filter_map(|r| r.queued_for)
+            .max()
+            .unwrap_or(Duration::ZERO);
+        *self.fresh_waited.lock().unwrap_or_else(|e| e.into_inner()) = Some((waited, now));
+    }
+
+    /// How long the history loop should wait at `now` before claiming again, having waited
+    /// `waited` already: [`YIELD_STEP`] while some perspective replays history, the fresh
+    /// loops' latest report is recent and above [`HISTORY_YIELDS_ABOVE`], and the loop has
+    /// waited less than [`HISTORY_MAX_YIELD`]; otherwise `None` (claim).
+    pub fn history_wait(&self, waited: Duration, now: Instant) -> Option<Duration> {
+        if waited >= HISTORY_MAX_YIELD
+            || self
+                .names
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+        {
+            return None;
+        }
+        let report = *self.fresh_waited.lock().unwrap_or_else(|e| e.into_inner());
+        match report {
+            Some((fresh, at))
+                if fresh > HISTORY_YIELDS_ABOVE
+                    && now.saturating_duration_since(at) <= FRESH_REPORT_VALID =>
+            {
+                Some(YIELD_STEP.min(HISTORY_MAX_YIELD - waited))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -172,6 +235,69 @@ mod tests {
         // The history loop unmarks only what it asked for.
         r.observe(ClaimRole::History, &names(&["a"]), []);
         assert_eq!(r.names(), names(&["b"]));
+    }
+
+    fn row(replay: bool, attempts: i32, failures: i32, queued_ms: u64) -> WorkRow {
+        WorkRow {
+            event_work_id: uuid::Uuid::nil(),
+            stream_id: uuid::Uuid::nil(),
+            event_id: uuid::Uuid::nil(),
+            perspective_name: "a".into(),
+            global_position: 1,
+            stream_version: 1,
+            event_type: Some("t".into()),
+            event_data: None,
+            metadata: None,
+            attempts,
+            failures,
+            queued_for: Some(Duration::from_millis(queued_ms)),
+            replay,
+        }
+    }
+
+    #[test]
+    fn history_waits_while_fresh_work_waits_and_never_longer_than_its_cap() {
+        let r = Replaying::default();
+        let t0 = Instant::now();
+        // Nothing replays: never wait, whatever the fresh loops report.
+        r.report_fresh(&[row(false, 1, 0, 900)], t0);
+        assert_eq!(r.history_wait(Duration::ZERO, t0), None);
+        r.observe(ClaimRole::Fresh, &names(&["c"]), [("c", true)]);
+        // Fresh work waited 900 ms: wait a step, until the cap.
+        assert_eq!(r.history_wait(Duration::ZERO, t0), Some(YIELD_STEP));
+        assert_eq!(
+            r.history_wait(HISTORY_MAX_YIELD - Duration::from_millis(30), t0),
+            Some(Duration::from_millis(30))
+        );
+        assert_eq!(r.history_wait(HISTORY_MAX_YIELD, t0), None);
+        // A stale report is not obeyed.
+        let later = t0 + FRESH_REPORT_VALID + Duration::from_millis(1);
+        assert_eq!(r.history_wait(Duration::ZERO, later), None);
+        // A claim whose fresh rows are young, or that brought none, lets history go.
+        r.report_fresh(&[row(false, 1, 0, 20)], t0);
+        assert_eq!(r.history_wait(Duration::ZERO, t0), None);
+        r.report_fresh(&[], t0);
+        assert_eq!(r.history_wait(Duration::ZERO, t0), None);
+    }
+
+    #[test]
+    fn only_first_deliveries_of_fresh_rows_count_as_waiting() {
+        let r = Replaying::default();
+        let t0 = Instant::now();
+        r.observe(ClaimRole::Fresh, &names(&["c"]), [("c", true)]);
+        // History, retries and failed rows wait by design (a rebuild, a backoff).
+        r.report_fresh(
+            &[
+                row(true, 1, 0, 60_000),
+                row(false, 2, 0, 60_000),
+                row(false, 1, 1, 60_000),
+                row(false, 1, 0, 10),
+            ],
+            t0,
+        );
+        assert_eq!(r.history_wait(Duration::ZERO, t0), None);
+        r.report_fresh(&[row(false, 1, 0, 10), row(false, 1, 0, 400)], t0);
+        assert_eq!(r.history_wait(Duration::ZERO, t0), Some(YIELD_STEP));
     }
 
     #[test]
