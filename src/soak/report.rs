@@ -202,6 +202,9 @@ pub struct DaemonReport {
     pub anon_mib: (f64, f64),
     /// The slope of the anonymous part after the warm-up, MiB per hour.
     pub anon_slope_mib_per_h: Option<f64>,
+    /// The samples the anonymous slope was fitted to, (seconds since the start, MiB): where
+    /// memory grew, by phase, without a sampler beside the run (JSON only).
+    pub anon_series: Vec<(f64, f64)>,
     /// Open file descriptors after the warm-up and at the end.
     pub fds: (u64, u64),
     /// Sessions in `pg_stat_activity` after the warm-up and at the end.
@@ -349,6 +352,7 @@ impl Report {
             rss_samples: points.len(),
             anon_mib: (w.anon_kib as f64 / 1024.0, e.anon_kib as f64 / 1024.0),
             anon_slope_mib_per_h: fleet::slope(&anon).map(|s| s * 3600.0),
+            anon_series: anon,
             fds: (w.fds, e.fds),
             connections: (w.connections, e.connections),
         }
