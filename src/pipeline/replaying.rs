@@ -131,8 +131,8 @@ impl Replaying {
     }
 
     /// Records what a fresh loop's claim at `now` returned: how long its longest-waiting fresh
-    /// row had been queued. Only first deliveries count (a retry's or a requeued row's wait
-    /// includes its backoff); a claim without one reports no wait.
+    /// row had been queued. Only rows claimed for the first time and never failed count (a retry's
+    /// wait includes its backoff); a claim without one reports no wait.
     pub fn report_fresh(&self, rows: &[WorkRow], now: Instant) {
         let waited = rows
             .iter()
