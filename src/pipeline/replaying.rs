@@ -30,12 +30,8 @@ use crate::store::WorkRow;
 /// Fresh rows that waited longer than this when a fresh loop claimed them make the history
 /// loop wait: a quarter of the one-second lag an operator notices.
 pub const HISTORY_YIELDS_ABOVE: Duration = Duration::from_millis(250);
-/// The most the history loop waits before one claim: history always moves, at one batch per
-/// daemon every 5 s at least (`worker.batch_size` rows). With 2 s, three daemons still replayed
-/// 750 events/s on a machine whose fresh work was late, more than two cores had to spare beside
-/// 2 000 fresh applies a second, and the others' per-second p99 lag stayed at 1–2.5 s until the
-/// history was done.
-pub const HISTORY_MAX_YIELD: Duration = Duration::from_secs(5);
+/// The most the history loop waits before one claim.
+pub const HISTORY_MAX_YIELD: Duration = Duration::from_secs(2);
 /// How long a fresh loop's report is obeyed.
 pub const FRESH_REPORT_VALID: Duration = Duration::from_secs(2);
 /// How often a waiting history loop looks at the reports again.
