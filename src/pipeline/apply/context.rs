@@ -48,6 +48,12 @@ impl Lane {
     pub(super) fn ids(&self) -> Vec<Uuid> {
         self.events.iter().map(|e| e.event_work_id).collect()
     }
+
+    /// Whether an event of the lane has failed before: it usually fails again, so the lane
+    /// goes straight to the careful pass instead of failing the optimistic one for everyone.
+    pub(super) fn retries(&self) -> bool {
+        self.events.iter().any(|e| e.failures > 0)
+    }
 }
 
 /// The batch's events as lanes, with the rows no handler of ours reads.

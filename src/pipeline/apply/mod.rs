@@ -5,7 +5,10 @@
 //! statements of every SQL-perspective event in one call (`apply_perspective_statements`),
 //! Rust perspectives one call per event, then complete and commit, so a batch of SQL events
 //! costs a handful of round trips, not one per event. If any handler fails, that transaction is rolled
-//! back and the batch is applied again carefully, one savepoint per event, so that in one pass:
+//! back and the batch is applied again carefully, one savepoint per event (lanes holding a row
+//! that failed before, which usually fails again, skip the optimistic pass and are applied
+//! carefully in a transaction of their own, so that one retry does not make the whole batch run
+//! twice), so that in one pass:
 //! - a retryable failure charges only the failing row (failures + 1, parked for the backoff)
 //!   and gives the rows behind it in its lane back unstarted, with a refund;
 //! - a permanent failure dead-letters the row at once (`PermanentFailure`) and the lane goes on;
@@ -91,21 +94,36 @@ pub async fn apply_batch<S: WorkStore>(
         .small_transactions
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
         .is_ok();
+    // A row that failed before usually fails again, and one failure rolls the optimistic pass
+    // back for every lane in it: when a requeue of 7 500 dead letters put a retry in nearly every
+    // batch, every healthy row was applied twice and the machine's other work waited. So lanes
+    // holding a retry run in a careful pass of their own, the rest optimistically.
+    let (retrying, first): (Vec<Lane>, Vec<Lane>) = lanes.into_iter().partition(Lane::retries);
     if !small {
-        match run_lanes(ctx, lease, &lanes, skip).await {
-            Err(Abort::Conflict { reason, .. }) => {
+        let mut conflict = None;
+        for (group, pass) in [(&first, Pass::Optimistic), (&retrying, Pass::Careful)] {
+            if group.is_empty() {
+                continue;
+            }
+            match run_lanes(ctx, lease, group, skip, pass).await {
+                Err(Abort::Conflict { reason, .. }) => {
+                    conflict = Some(reason);
+                    break;
+                }
+                Err(Abort::Batch(e)) => return Err(e),
+                Ok(o) => outcome.merge(o),
+            }
+        }
+        match conflict {
+            None => return Ok(outcome),
+            Some(reason) => {
                 ctx.small_transactions
                     .store(SMALL_TRANSACTION_BATCHES, Ordering::Relaxed);
                 tracing::debug!(%reason, "batch lost a lock conflict; applying it one lane per transaction");
             }
-            Err(Abort::Batch(e)) => return Err(e),
-            Ok(o) => {
-                outcome.merge(o);
-                return Ok(outcome);
-            }
         }
     }
-    for mut lane in lanes {
+    for mut lane in first.into_iter().chain(retrying) {
         // A failed whole-batch pass may already have settled some rows (a lane charged on its
         // own statement): only what is still ours is applied.
         lane.events.retain(|e| lease.holds(e.event_work_id));
@@ -124,9 +142,14 @@ async fn run_lane_alone<S: WorkStore>(
     skip: &mut HashSet<Uuid>,
 ) -> Result<BatchOutcome, ApplyBatchError> {
     let mut round = 0u64;
+    let pass = if lane.retries() {
+        Pass::Careful
+    } else {
+        Pass::Optimistic
+    };
     loop {
         round += 1;
-        match run_lanes(ctx, lease, std::slice::from_ref(&lane), skip).await {
+        match run_lanes(ctx, lease, std::slice::from_ref(&lane), skip, pass).await {
             Ok(o) => return Ok(o),
             Err(Abort::Batch(e)) => return Err(e),
             Err(Abort::Conflict { event, reason }) if round < CONFLICT_ROUNDS => {
@@ -151,18 +174,30 @@ async fn run_lane_alone<S: WorkStore>(
     }
 }
 
-/// The optimistic pass, then careful passes until every lane is settled. Lanes whose event took
-/// a transaction down are settled on their own and the careful pass runs again without them.
-/// The lanes are borrowed: a copy is made only on that rare path (copying every envelope of
-/// every batch, in case, was a tenth of the daemon's CPU).
+/// Where [`run_lanes`] starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pass {
+    /// The optimistic pass first (no savepoints), the careful one only if an event fails.
+    Optimistic,
+    /// The careful pass at once (lanes holding a retry, which usually fails again).
+    Careful,
+}
+
+/// The optimistic pass (unless `pass` says careful), then careful passes until every lane is
+/// settled. Lanes whose event took a transaction down are settled on their own and the careful
+/// pass runs again without them. The lanes are borrowed: a copy is made only on that rare path
+/// (copying every envelope of every batch, in case, was a tenth of the daemon's CPU).
 async fn run_lanes<S: WorkStore>(
     ctx: &ApplyContext<S>,
     lease: &mut LeasedBatch<S>,
     lanes: &[Lane],
     skip: &mut HashSet<Uuid>,
+    pass: Pass,
 ) -> Result<BatchOutcome, Abort> {
-    if let Some(fast) = apply_fast(ctx, lease, lanes, skip).await? {
-        return Ok(fast);
+    if pass == Pass::Optimistic {
+        if let Some(fast) = apply_fast(ctx, lease, lanes, skip).await? {
+            return Ok(fast);
+        }
     }
     let mut lanes = std::borrow::Cow::Borrowed(lanes);
     let mut outcome = BatchOutcome::default();
