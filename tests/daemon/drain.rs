@@ -906,7 +906,7 @@ async fn work_restored_without_its_lanes_is_repaired_and_applied() {
 
 /// Counts its calls per event and fails one event on every call.
 struct FailsOne {
-    poison: std::sync::atomic::AtomicI64,
+    poison: i64,
     calls: std::sync::Mutex<std::collections::HashMap<i64, u32>>,
 }
 
@@ -938,7 +938,7 @@ impl Perspective for FailsOne {
             .unwrap()
             .entry(e.global_position)
             .or_default() += 1;
-        if e.global_position == self.poison.load(std::sync::atomic::Ordering::Relaxed) {
+        if e.global_position == self.poison {
             return Err(ApplyError::Retryable("fails every time".into()));
         }
         Ok(())
@@ -970,7 +970,7 @@ async fn a_retry_in_a_batch_does_not_make_its_healthy_rows_apply_twice() {
         .await[0]
         .global_position;
     let perspective = Arc::new(FailsOne {
-        poison: poison.into(),
+        poison,
         calls: Default::default(),
     });
     let instance = InstanceId::new();
