@@ -524,16 +524,21 @@ $function$
 -- function complete_perspective_events(uuid,uuid[])
 CREATE OR REPLACE FUNCTION vantage.complete_perspective_events(p_instance_id uuid, p_event_work_ids uuid[])
  RETURNS integer
- LANGUAGE sql
+ LANGUAGE plpgsql
  SET lock_timeout TO '5s'
  SET search_path TO 'vantage', 'pg_temp'
 AS $function$
+DECLARE
+    v_done int;
+BEGIN
     WITH done AS (
         DELETE FROM wh_perspective_events pe
         WHERE pe.event_work_id = ANY (p_event_work_ids)
           AND pe.instance_id = p_instance_id
         RETURNING 1)
-    SELECT count(*)::int FROM done;
+    SELECT count(*)::int INTO v_done FROM done;
+    RETURN v_done;
+END
 $function$
 ;
 
@@ -1073,17 +1078,22 @@ $function$
 -- function note_perspective_event_error(uuid,uuid,text)
 CREATE OR REPLACE FUNCTION vantage.note_perspective_event_error(p_instance_id uuid, p_event_work_id uuid, p_error text)
  RETURNS boolean
- LANGUAGE sql
+ LANGUAGE plpgsql
  SET lock_timeout TO '5s'
  SET search_path TO 'vantage', 'pg_temp'
 AS $function$
+DECLARE
+    v_noted boolean;
+BEGIN
     WITH noted AS (
         UPDATE wh_perspective_events pe
         SET last_error = p_error
         WHERE pe.event_work_id = p_event_work_id
           AND pe.instance_id = p_instance_id
         RETURNING 1)
-    SELECT EXISTS (SELECT 1 FROM noted);
+    SELECT EXISTS (SELECT 1 FROM noted) INTO v_noted;
+    RETURN v_noted;
+END
 $function$
 ;
 
@@ -1128,10 +1138,13 @@ $function$
 -- function record_perspective_event_failure(uuid,uuid,text,integer,interval)
 CREATE OR REPLACE FUNCTION vantage.record_perspective_event_failure(p_instance_id uuid, p_event_work_id uuid, p_error text, p_retry_after_seconds integer, p_retry_after interval DEFAULT NULL::interval)
  RETURNS boolean
- LANGUAGE sql
+ LANGUAGE plpgsql
  SET lock_timeout TO '5s'
  SET search_path TO 'vantage', 'pg_temp'
 AS $function$
+DECLARE
+    v_failed boolean;
+BEGIN
     WITH failed AS (
         UPDATE wh_perspective_events pe
         SET failures      = pe.failures + 1,
@@ -1145,7 +1158,9 @@ AS $function$
         WHERE pe.event_work_id = p_event_work_id
           AND pe.instance_id = p_instance_id
         RETURNING 1)
-    SELECT EXISTS (SELECT 1 FROM failed);
+    SELECT EXISTS (SELECT 1 FROM failed) INTO v_failed;
+    RETURN v_failed;
+END
 $function$
 ;
 
@@ -1256,10 +1271,13 @@ $function$
 -- function release_started_leases(uuid,uuid[])
 CREATE OR REPLACE FUNCTION vantage.release_started_leases(p_instance_id uuid, p_event_work_ids uuid[])
  RETURNS integer
- LANGUAGE sql
+ LANGUAGE plpgsql
  SET lock_timeout TO '5s'
  SET search_path TO 'vantage', 'pg_temp'
 AS $function$
+DECLARE
+    v_released int;
+BEGIN
     WITH released AS (
         UPDATE wh_perspective_events pe
         SET instance_id  = NULL,
@@ -1268,17 +1286,22 @@ AS $function$
         WHERE pe.event_work_id = ANY (p_event_work_ids)
           AND pe.instance_id = p_instance_id
         RETURNING 1)
-    SELECT count(*)::int FROM released;
+    SELECT count(*)::int INTO v_released FROM released;
+    RETURN v_released;
+END
 $function$
 ;
 
 -- function release_unstarted_leases(uuid,uuid[])
 CREATE OR REPLACE FUNCTION vantage.release_unstarted_leases(p_instance_id uuid, p_event_work_ids uuid[])
  RETURNS integer
- LANGUAGE sql
+ LANGUAGE plpgsql
  SET lock_timeout TO '5s'
  SET search_path TO 'vantage', 'pg_temp'
 AS $function$
+DECLARE
+    v_released int;
+BEGIN
     WITH released AS (
         UPDATE wh_perspective_events pe
         SET instance_id  = NULL,
@@ -1288,16 +1311,21 @@ AS $function$
         WHERE pe.event_work_id = ANY (p_event_work_ids)
           AND pe.instance_id = p_instance_id
         RETURNING 1)
-    SELECT count(*)::int FROM released;
+    SELECT count(*)::int INTO v_released FROM released;
+    RETURN v_released;
+END
 $function$
 ;
 
 -- function renew_leases(uuid,uuid[],integer)
 CREATE OR REPLACE FUNCTION vantage.renew_leases(p_instance_id uuid, p_event_work_ids uuid[], p_lease_seconds integer)
  RETURNS integer
- LANGUAGE sql
+ LANGUAGE plpgsql
  SET search_path TO 'vantage', 'pg_temp'
 AS $function$
+DECLARE
+    v_renewed int;
+BEGIN
     WITH mine AS (
         SELECT pe.event_work_id
         FROM wh_perspective_events pe
@@ -1311,7 +1339,9 @@ AS $function$
         FROM mine
         WHERE pe.event_work_id = mine.event_work_id
         RETURNING 1)
-    SELECT count(*)::int FROM renewed;
+    SELECT count(*)::int INTO v_renewed FROM renewed;
+    RETURN v_renewed;
+END
 $function$
 ;
 
