@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::config::Settings;
 use crate::daemon::{DaemonBuilder, RunningDaemon};
 use crate::store::bench::DrainCheck;
 use crate::store::Store;
@@ -49,8 +50,18 @@ impl DrainRun {
 
 /// Starts the daemons for `seed` (already applied) and waits until its rows are done.
 pub async fn drain(bench: &Bench, seed: &Seed, what: &str) -> Result<DrainRun, BenchError> {
+    drain_with(bench, seed, what, |_| {}).await
+}
+
+/// [`drain`] with the daemons' settings changed by `tune` (after the seed's perspectives are set).
+pub async fn drain_with(
+    bench: &Bench,
+    seed: &Seed,
+    what: &str,
+    tune: impl FnOnce(&mut Settings),
+) -> Result<DrainRun, BenchError> {
     let expected = seed.rows();
-    let daemons = start(bench, seed).await?;
+    let daemons = start_with(bench, seed, tune).await?;
     let run = watch(bench, seed, what, expected, daemons, None).await?;
     if run.check.duplicates > 0 || run.check.out_of_order > 0 {
         return Err(BenchError::Incorrect(format!(
@@ -78,12 +89,22 @@ impl Daemons {
 
 /// Starts `--instances` daemons for `seed`, after reading the counters the run is measured from.
 pub async fn start(bench: &Bench, seed: &Seed) -> Result<Daemons, BenchError> {
+    start_with(bench, seed, |_| {}).await
+}
+
+/// [`start`] with the daemons' settings changed by `tune`.
+pub async fn start_with(
+    bench: &Bench,
+    seed: &Seed,
+    tune: impl FnOnce(&mut Settings),
+) -> Result<Daemons, BenchError> {
     bench.db.settle_stats(bench.config.settle).await;
     let before = measure::Counters::read(&bench.db, bench.statement_stats).await?;
     let metrics_before = bench.metrics.read();
     measure::reset_peak_rss();
     let mut settings = bench.base_settings.clone();
     settings.perspectives = seed.settings();
+    tune(&mut settings);
     let started = Instant::now();
     let mut running = Vec::new();
     for _ in 0..bench.config.instances.max(1) {

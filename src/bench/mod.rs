@@ -106,6 +106,9 @@ pub enum Check {
     Shapes,
     /// Dead-lettering N poison rows against applying N healthy ones.
     DeadLetter,
+    /// Retrying N poison rows to the attempt limit, per failed claim, against applying N
+    /// healthy ones, one row per stream (a requeue's shape).
+    Retries,
     /// Append → applied p50/p99 at a steady 1 000 events/s.
     Latency,
     /// Resident memory with the cooldown cache full.
@@ -128,8 +131,9 @@ pub enum Check {
 
 impl Check {
     /// Every check, in the order they run.
-    pub const ALL: [Check; 12] = [
+    pub const ALL: [Check; 13] = [
         Check::DeadLetter,
+        Check::Retries,
         Check::Parked,
         Check::Perspectives,
         Check::Shapes,
@@ -152,6 +156,7 @@ impl Check {
             Check::Perspectives => "perspectives",
             Check::Shapes => "shapes",
             Check::DeadLetter => "dead-letter",
+            Check::Retries => "retries",
             Check::Latency => "latency",
             Check::Rss => "rss",
             Check::Producers => "producers",

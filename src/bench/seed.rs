@@ -18,6 +18,9 @@ pub struct PerspectiveSpec {
     pub parked: bool,
     /// Its rows are at the last attempt after seeding: the next claim dead-letters them.
     pub exhausted: bool,
+    /// Its statement always fails (a retryable error): each row is retried until the attempt
+    /// limit dead-letters it.
+    pub failing: bool,
 }
 
 impl PerspectiveSpec {
@@ -28,13 +31,14 @@ impl PerspectiveSpec {
             event_type: BENCH_EVENT_TYPE.into(),
             parked: false,
             exhausted: false,
+            failing: false,
         }
     }
 
     /// The daemon's configuration of it: the trivial upsert (or, for a parked perspective, a
-    /// statement that fails, in case its rows come due).
+    /// statement that fails, in case its rows come due; for a failing one, the same).
     pub fn settings(&self) -> PerspectiveSettings {
-        let statement = if self.parked {
+        let statement = if self.parked || self.failing {
             POISON_STATEMENT.to_string()
         } else {
             perspective_statement(&self.name)

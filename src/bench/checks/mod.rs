@@ -10,6 +10,7 @@ mod latency;
 mod parked;
 mod perspectives;
 mod producers;
+mod retries;
 mod rss;
 mod shapes;
 mod traces;
@@ -102,6 +103,7 @@ impl CheckOutcome {
 pub async fn run(bench: &Bench, check: Check, main: &DrainRun) -> Result<CheckOutcome, BenchError> {
     match check {
         Check::DeadLetter => dead_letter::run(bench).await,
+        Check::Retries => retries::run(bench).await,
         Check::Parked => parked::run(bench).await,
         Check::Perspectives => perspectives::run(bench, main).await,
         Check::Shapes => shapes::run(bench, main).await,

@@ -20,6 +20,7 @@ pub(super) async fn run(bench: &Bench) -> Result<CheckOutcome, BenchError> {
         event_type: "Parked".into(),
         parked: true,
         exhausted: false,
+        failing: false,
     });
     beside.parts.push(Part {
         salt: "parked".into(),

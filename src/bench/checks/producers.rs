@@ -222,6 +222,7 @@ pub(super) async fn run(bench: &Bench) -> Result<CheckOutcome, BenchError> {
         event_type: "Fail".into(),
         parked: false,
         exhausted: false,
+        failing: true,
     };
     let seed = Seed {
         perspectives: vec![failing.clone()],
@@ -252,13 +253,7 @@ pub(super) async fn run(bench: &Bench) -> Result<CheckOutcome, BenchError> {
     let defaults = crate::config::Settings::default().worker;
     let failing_heads = |base: Duration, max: Duration| {
         let mut settings = bench.base_settings.clone();
-        let mut spec = failing.settings();
-        spec.sql = [(
-            "Fail".to_string(),
-            crate::store::bench::POISON_STATEMENT.to_string(),
-        )]
-        .into();
-        settings.perspectives = vec![spec];
+        settings.perspectives = vec![failing.settings()];
         settings.worker.max_perspective_event_attempts = None;
         settings.worker.retry_backoff_base = base;
         settings.worker.retry_backoff_max = max;
