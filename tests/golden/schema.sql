@@ -777,12 +777,14 @@ BEGIN
                     SELECT w.event_work_id, k.sid, k.pname, w.stream_version, w.row_tid,
                            q.quota_rows,
                            row_number() OVER lane AS rn,
-                           bool_and(w.ok) OVER lane AS prefix_ok
+                           bool_and(w.ok) OVER lane AS prefix_ok,
+                           first_value(w.failures) OVER lane AS head_failures
                     FROM unnest(v_round_s, v_round_p) AS k(sid, pname)
                     JOIN unnest(v_names, v_p_left, v_p_cap) AS q(pname, quota_rows, per_lane)
                       ON q.pname = k.pname
                     CROSS JOIN LATERAL (
                         SELECT pe.event_work_id, pe.stream_version, pe.ctid AS row_tid,
+                               pe.failures,
                                CASE
                                    WHEN pe.instance_id IS NULL THEN pe.scheduled_for <= now()
                                    WHEN pe.lease_expiry < now() THEN true
@@ -795,7 +797,9 @@ BEGIN
                         LIMIT q.per_lane) w
                     WINDOW lane AS (PARTITION BY k.sid, k.pname ORDER BY w.stream_version)
                 ) r
-                WHERE r.prefix_ok
+                -- (a head that failed before comes alone: it usually fails again, and each row
+                --  leased behind it would be given back at every retry; migration 0025)
+                WHERE r.prefix_ok AND (r.rn = 1 OR r.head_failures = 0)
             ) s
             WHERE s.prn <= s.quota_rows
             ORDER BY s.rn, s.sid, s.pname
