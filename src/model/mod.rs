@@ -288,7 +288,8 @@ impl Model for Protocol {
             Action::Claim { .. } | Action::ClaimAnswerLost { .. } => {
                 let (instance, lane_taken, answered) = claim?;
                 // The claimable prefix: from the head, while rows can be taken; the gate stops
-                // at the first row that cannot (bug: skip it and take the next).
+                // at the first row that cannot (bug: skip it and take the next). A head that
+                // failed before comes alone (get_stream_events, migration 0025).
                 let mut taken = Vec::new();
                 for idx in 0..s.rows.len() {
                     if self.claimable(&s.rows[idx], instance, last) {
@@ -303,6 +304,9 @@ impl Model for Protocol {
                         row.holder = Some(instance);
                         row.lapsed = false;
                         taken.push(row.version);
+                        if idx == 0 && row.failures > 0 {
+                            break;
+                        }
                     } else if self.bug != Some(Bug::FirstUnleasedRowInsteadOfHead) {
                         break;
                     }
