@@ -13,8 +13,8 @@ use crate::store::{MinuteSample, Store, StoreGauges};
 use crate::telemetry::health::Health;
 use crate::telemetry::metrics as m;
 
-/// Readiness (database reachable, migrations current) every second; gauges from the database,
-/// a cooldown sweep and a trim of the allocator's free memory every 15 s (the gauges count the
+/// A trim of the allocator's free memory and readiness (database reachable, migrations
+/// current) every second; gauges from the database and a cooldown sweep every 15 s (the gauges count the
 /// work table: a scan, so not more often than Prometheus typically scrapes). In the same round it writes the chart history: one
 /// upsert of the current minute per perspective (the events this process applied since the
 /// last write, the backlog and lag just read), then a trim of the minutes older than 24 hours;
@@ -91,6 +91,9 @@ impl Sampler {
 
 impl BackgroundTask for Sampler {
     async fn activate(&mut self) -> Value {
+        // Every second, whatever the database does: freed memory goes back to the system while
+        // a burst churns, not only after it (see `memory`).
+        super::memory::trim();
         // A ping waits at most a second: readiness must flip promptly when the database goes.
         let up = bounded(Duration::from_secs(1), self.store.ping())
             .await
@@ -112,7 +115,6 @@ impl BackgroundTask for Sampler {
         if let Some(cache) = &self.cooldown {
             cache.sweep();
         }
-        super::memory::trim();
         match bounded(Duration::from_secs(10), self.store.gauges()).await {
             Ok(g) => {
                 let history = self.record_history(Some(&g)).await;
