@@ -102,10 +102,70 @@ struct Inner {
     /// loops give them back before their next claim ([`InFlight::settle_owed`]).
     owed: IdMap<bool>,
     /// Per row, how often a pass that died with its session at a step of its own gave it back
-    /// refunded although a handler had seen it ([`InFlight::forgive_started`]). A row leaves it
-    /// when it leaves the work table ([`InFlight::gone`]); bounded besides: renewed when it
-    /// reaches [`FORGIVEN_ROWS`], which only gives rows their budget again.
-    forgiven: IdMap<u32>,
+    /// refunded although a handler had seen it ([`InFlight::forgive_started`]).
+    forgiven: Forgiven,
+}
+
+/// The forgiven rows' counts, in two generations of [`Forgiven::GENERATION`]. A row leaves
+/// when it leaves the work table ([`InFlight::gone`]), but a row another instance completes is
+/// never seen leaving here: after a storm of cut sessions the map held such rows (up to
+/// [`FORGIVEN_ROWS`], with the room they took) for the rest of the process's life, a step of
+/// resident memory in every soak's terminate phase. A row not forgiven again for a whole
+/// generation is forgotten at the end of the next, and the memory goes with it. Forgetting only
+/// gives a row its budget again; a row that keeps killing its session is claimed again within
+/// seconds (its claim was refunded), so it stays remembered until its budget is spent.
+#[derive(Debug, Default)]
+struct Forgiven {
+    young: IdMap<u32>,
+    old: IdMap<u32>,
+    /// When `young` began (`None` until a row was first forgiven).
+    since: Option<Instant>,
+}
+
+impl Forgiven {
+    /// How long a generation lasts.
+    const GENERATION: Duration = Duration::from_secs(300);
+
+    /// Starts a new generation once the current one is over: the old one is dropped.
+    fn age(&mut self, now: Instant) {
+        match self.since {
+            Some(since) if now.saturating_duration_since(since) < Self::GENERATION => {}
+            Some(_) => {
+                self.old = std::mem::take(&mut self.young);
+                self.since = Some(now);
+            }
+            None => self.since = Some(now),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.young.len() + self.old.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.young.is_empty() && self.old.is_empty()
+    }
+
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        self.young.capacity() + self.old.capacity()
+    }
+
+    /// The row's count, carried into the current generation.
+    fn times(&mut self, id: Uuid) -> &mut u32 {
+        let carried = self.old.remove(&id).unwrap_or(0);
+        self.young.entry(id).or_insert(carried)
+    }
+
+    fn remove(&mut self, id: &Uuid) {
+        self.young.remove(id);
+        self.old.remove(id);
+    }
+
+    fn shrink(&mut self) {
+        shrink_when_sparse(&mut self.young);
+        shrink_when_sparse(&mut self.old);
+    }
 }
 
 /// A map or set whose memory can be given back.
@@ -150,11 +210,10 @@ fn shrink_when_sparse(map: &mut impl Room) {
     }
 }
 
-/// Rows [`Inner::forgiven`] remembers at most (besides one batch's). A row another instance
-/// completes is never seen leaving here, so after a storm of cut sessions the map holds mostly
-/// such rows until it is renewed: kept small (under 200 KiB), since renewing only gives rows
-/// their budget again. At 50 000 it made a step of resident memory in each soak's terminate
-/// phase.
+/// Rows [`Inner::forgiven`] remembers at most (besides one batch's): renewed when it reaches
+/// this, which only gives rows their budget again. Kept small (under 200 KiB) for a storm of
+/// cut sessions shorter than a generation; at 50 000 it made a step of resident memory in each
+/// soak's terminate phase.
 const FORGIVEN_ROWS: usize = 4_096;
 
 /// The rows one claim recorded for a batch, and those it must give back at once.
@@ -333,16 +392,17 @@ impl InFlight {
     pub(crate) fn forgive_started(&self, batch: u64, budget: u32) -> usize {
         let mut inner = self.lock();
         if inner.forgiven.len() >= FORGIVEN_ROWS {
-            // A fresh map, not `clear`: a cleared map keeps its room.
-            inner.forgiven = IdMap::default();
+            // Fresh maps, not `clear`: a cleared map keeps its room.
+            inner.forgiven = Forgiven::default();
         }
+        inner.forgiven.age(Instant::now());
         let Inner { rows, forgiven, .. } = &mut *inner;
         let mut n = 0;
         for (id, h) in rows.iter_mut() {
             if h.batch != batch || !h.started {
                 continue;
             }
-            let times = forgiven.entry(*id).or_insert(0);
+            let times = forgiven.times(*id);
             if *times < budget {
                 *times += 1;
                 h.started = false;
@@ -369,16 +429,17 @@ impl InFlight {
 
     /// Rows that left the work table (completed, dead-lettered): nothing is remembered of them.
     /// A long-lived process would otherwise keep every row a terminated session ever had
-    /// forgiven (up to [`FORGIVEN_ROWS`]), and the map's peak capacity for good.
+    /// forgiven (up to [`FORGIVEN_ROWS`]), and the map's peak capacity, until the rows age out.
     pub(crate) fn gone<'a>(&self, ids: impl IntoIterator<Item = &'a Uuid>) {
         let mut inner = self.lock();
         if inner.forgiven.is_empty() {
             return;
         }
+        inner.forgiven.age(Instant::now());
         for id in ids {
             inner.forgiven.remove(id);
         }
-        shrink_when_sparse(&mut inner.forgiven);
+        inner.forgiven.shrink();
     }
 
     /// How many rows are remembered as forgiven (see [`InFlight::forgive_started`]).
@@ -776,5 +837,61 @@ mod tests {
                 inner.forgiven.capacity()
             );
         }
+    }
+
+    /// After a storm of cut sessions a daemon kept the rows it had forgiven and another
+    /// instance then completed (never seen leaving here) for the rest of its life: the step of
+    /// resident memory every 60-minute soak showed in its terminate phase. Two generations
+    /// later they are forgotten, and their memory goes with them.
+    #[test]
+    fn rows_forgiven_and_completed_elsewhere_are_forgotten_two_generations_later() {
+        let inflight = InFlight::new();
+        let rows: Vec<WorkRow> = (0..3000).map(|_| row("P", Uuid::new_v4())).collect();
+        let batch = inflight.record(&rows);
+        let ids: Vec<Uuid> = rows.iter().map(|r| r.event_work_id).collect();
+        inflight.set_started(batch.batch, ids.iter().copied(), true);
+        assert_eq!(inflight.forgive_started(batch.batch, 10), 3000);
+        inflight.forget(batch.batch, &ids);
+        inflight.end(batch.batch, &batch.lanes);
+        let start = Instant::now();
+        let mut inner = inflight.lock();
+        inner.forgiven.age(start + Forgiven::GENERATION);
+        assert_eq!(
+            inner.forgiven.len(),
+            3000,
+            "one generation on: still remembered"
+        );
+        inner.forgiven.age(start + 2 * Forgiven::GENERATION);
+        assert_eq!(
+            (inner.forgiven.len(), inner.forgiven.capacity()),
+            (0, 0),
+            "two generations on: forgotten, with the room they took"
+        );
+    }
+
+    /// A row forgiven again in the next generation keeps its count: ageing never gives a row
+    /// that keeps killing its session its budget again.
+    #[test]
+    fn a_row_forgiven_again_carries_its_count_into_the_next_generation() {
+        let inflight = InFlight::new();
+        let rows = vec![row("P", Uuid::new_v4())];
+        let ids = vec![rows[0].event_work_id];
+        let forgive = |budget| {
+            let b = inflight.record(&rows);
+            inflight.set_started(b.batch, ids.iter().copied(), true);
+            let n = inflight.forgive_started(b.batch, budget);
+            inflight.forget(b.batch, &ids);
+            inflight.end(b.batch, &b.lanes);
+            n
+        };
+        assert_eq!(forgive(2), 1);
+        let start = Instant::now();
+        inflight.lock().forgiven.age(start + Forgiven::GENERATION);
+        assert_eq!(forgive(2), 1);
+        inflight
+            .lock()
+            .forgiven
+            .age(start + 2 * Forgiven::GENERATION);
+        assert_eq!(forgive(2), 0, "a budget of two, spent across generations");
     }
 }
