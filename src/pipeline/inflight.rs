@@ -796,22 +796,33 @@ mod tests {
     #[test]
     fn a_forgiven_row_is_forgotten_when_it_leaves_the_work_table() {
         let inflight = InFlight::new();
-        let rows: Vec<WorkRow> = (0..5000).map(|_| row("P", Uuid::new_v4())).collect();
-        let batch = inflight.record(&rows);
+        let rows = fresh_rows(5000);
         let ids: Vec<Uuid> = rows.iter().map(|r| r.event_work_id).collect();
-        inflight.set_started(batch.batch, ids.iter().copied(), true);
-        assert_eq!(inflight.forgive_started(batch.batch, 10), 5000);
+        assert_eq!(pass_dies_at_its_own_step(&inflight, &rows, 10), 5000);
         assert_eq!(inflight.forgiven(), 5000);
         let capacity = inflight.lock().forgiven.capacity();
-        inflight.forget(batch.batch, &ids);
-        inflight.end(batch.batch, &batch.lanes);
         inflight.gone(&ids[..4990]);
         assert_eq!(inflight.forgiven(), 10);
         assert!(inflight.lock().forgiven.capacity() < capacity / 16);
         // A row still in the table keeps its count: its budget is not reset by others leaving.
-        let again = inflight.record(&rows[4995..]);
-        inflight.set_started(again.batch, ids[4995..].iter().copied(), true);
-        assert_eq!(inflight.forgive_started(again.batch, 1), 0);
+        assert_eq!(pass_dies_at_its_own_step(&inflight, &rows[4995..], 1), 0);
+    }
+
+    fn fresh_rows(n: usize) -> Vec<WorkRow> {
+        (0..n).map(|_| row("P", Uuid::new_v4())).collect()
+    }
+
+    /// A batch of `rows` whose handlers saw every row, and whose pass then died with its
+    /// session at a step of its own: its rows are forgiven (within `budget`) and the batch
+    /// ends. Returns how many were forgiven.
+    fn pass_dies_at_its_own_step(inflight: &InFlight, rows: &[WorkRow], budget: u32) -> usize {
+        let batch = inflight.record(rows);
+        let ids: Vec<Uuid> = rows.iter().map(|r| r.event_work_id).collect();
+        inflight.set_started(batch.batch, ids.iter().copied(), true);
+        let forgiven = inflight.forgive_started(batch.batch, budget);
+        inflight.forget(batch.batch, &ids);
+        inflight.end(batch.batch, &batch.lanes);
+        forgiven
     }
 
     /// The soaks' terminate step (RELIABILITY.md, "What the terminate step is made of"): a row
@@ -821,13 +832,10 @@ mod tests {
     fn rows_forgiven_here_and_completed_elsewhere_keep_little_memory() {
         let inflight = InFlight::new();
         for _ in 0..20 {
-            let rows: Vec<WorkRow> = (0..1000).map(|_| row("P", Uuid::new_v4())).collect();
-            let batch = inflight.record(&rows);
-            let ids: Vec<Uuid> = rows.iter().map(|r| r.event_work_id).collect();
-            inflight.set_started(batch.batch, ids.iter().copied(), true);
-            assert_eq!(inflight.forgive_started(batch.batch, 10), 1000);
-            inflight.forget(batch.batch, &ids);
-            inflight.end(batch.batch, &batch.lanes);
+            assert_eq!(
+                pass_dies_at_its_own_step(&inflight, &fresh_rows(1000), 10),
+                1000
+            );
             // Another instance claims and completes them: `gone` is never called for them.
             let inner = inflight.lock();
             assert!(
@@ -846,13 +854,11 @@ mod tests {
     #[test]
     fn rows_forgiven_and_completed_elsewhere_are_forgotten_two_generations_later() {
         let inflight = InFlight::new();
-        let rows: Vec<WorkRow> = (0..3000).map(|_| row("P", Uuid::new_v4())).collect();
-        let batch = inflight.record(&rows);
-        let ids: Vec<Uuid> = rows.iter().map(|r| r.event_work_id).collect();
-        inflight.set_started(batch.batch, ids.iter().copied(), true);
-        assert_eq!(inflight.forgive_started(batch.batch, 10), 3000);
-        inflight.forget(batch.batch, &ids);
-        inflight.end(batch.batch, &batch.lanes);
+        // Another instance claims and completes them: `gone` is never called for them.
+        assert_eq!(
+            pass_dies_at_its_own_step(&inflight, &fresh_rows(3000), 10),
+            3000
+        );
         let start = Instant::now();
         let mut inner = inflight.lock();
         inner.forgiven.age(start + Forgiven::GENERATION);
@@ -874,16 +880,8 @@ mod tests {
     #[test]
     fn a_row_forgiven_again_carries_its_count_into_the_next_generation() {
         let inflight = InFlight::new();
-        let rows = vec![row("P", Uuid::new_v4())];
-        let ids = vec![rows[0].event_work_id];
-        let forgive = |budget| {
-            let b = inflight.record(&rows);
-            inflight.set_started(b.batch, ids.iter().copied(), true);
-            let n = inflight.forgive_started(b.batch, budget);
-            inflight.forget(b.batch, &ids);
-            inflight.end(b.batch, &b.lanes);
-            n
-        };
+        let rows = fresh_rows(1);
+        let forgive = |budget| pass_dies_at_its_own_step(&inflight, &rows, budget);
         assert_eq!(forgive(2), 1);
         let start = Instant::now();
         inflight.lock().forgiven.age(start + Forgiven::GENERATION);
