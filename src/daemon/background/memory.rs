@@ -10,7 +10,9 @@
 //! what makes it grow. glibc's heap (what C code in the process allocates) is trimmed with it.
 
 /// Returns the free pages of jemalloc's arenas, and of glibc's heap, to the operating system.
-/// Cheap when there is little to return (a few microseconds); it frees nothing in use.
+/// Cheap: the purge took 0.24 µs with nothing to return and 0.24 ms after a 2 MiB burst was
+/// freed (medians, this machine), so once a second is far below 0.1 % of a core. It frees
+/// nothing in use.
 pub fn trim() {
     #[cfg(not(target_env = "msvc"))]
     {
