@@ -1596,12 +1596,11 @@ DECLARE
     v_else  text;
 BEGIN
     PERFORM set_config('search_path', format('%I, %s', p_schema, v_path), true);
-    -- One event: its type's statement (inlined when it is a plain write, as the batch
+    -- One event: its type's statement (inlined when it returns no rows, as the batch
     -- dispatcher does), else the catch-all, else an error (an event of a type the version does
     -- not handle is never completed silently).
     SELECT string_agg(
-               CASE WHEN wh_statement_is_plain_write(s.value)
-                         AND NOT wh_statement_mentions_extra_params(s.value)
+               CASE WHEN wh_statement_returns_no_rows(s.value)
                     THEN format('    WHEN %L THEN', s.key) || chr(10)
                          || regexp_replace(s.value, '[\s;]+$', '') || chr(10) || ';' || chr(10)
                     ELSE format('    WHEN %L THEN EXECUTE %L USING $1, $2, $3, $4, $5, $6, $7;',
@@ -1615,7 +1614,7 @@ BEGIN
         v_else := format('    RAISE EXCEPTION %L, $4 USING ERRCODE = %L;',
                          'perspective "' || replace(p_registry, '%', '%%')
                          || '" has no statement for event type "%"', 'VT003');
-    ELSIF wh_statement_is_plain_write(v_else) AND NOT wh_statement_mentions_extra_params(v_else) THEN
+    ELSIF wh_statement_returns_no_rows(v_else) THEN
         v_else := regexp_replace(v_else, '[\s;]+$', '') || chr(10) || ';';
     ELSE
         v_else := format('    EXECUTE %L USING $1, $2, $3, $4, $5, $6, $7;', v_else);
@@ -2508,8 +2507,7 @@ BEGIN
         RETURN NULL;
     END IF;
     FOR i IN 1 .. cardinality(p_statements) LOOP
-        IF wh_statement_is_plain_write(p_statements[i])
-           AND NOT wh_statement_mentions_extra_params(p_statements[i]) THEN
+        IF wh_statement_returns_no_rows(p_statements[i]) THEN
             -- (the statement on lines of its own: a trailing "--" comment ends with its line)
             v_cases := v_cases || format('      WHEN %s THEN', i) || chr(10)
                 || regexp_replace(p_statements[i], '[\s;]+$', '') || chr(10) || ';' || chr(10);
@@ -2575,6 +2573,95 @@ CREATE OR REPLACE FUNCTION vantage.wh_statement_mentions_extra_params(p_statemen
  SET search_path TO 'vantage', 'pg_temp'
 AS $function$
     SELECT p_statement ~ '\$0*([89]|[1-9][0-9])';
+$function$
+;
+
+-- function wh_statement_returns_no_rows(text)
+CREATE OR REPLACE FUNCTION vantage.wh_statement_returns_no_rows(p_statement text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ IMMUTABLE
+ SET search_path TO 'vantage', 'pg_temp'
+AS $function$
+DECLARE
+    v_src   text := regexp_replace(p_statement, '[\s;]+$', '');
+    v_len   int := length(regexp_replace(p_statement, '[\s;]+$', ''));
+    v_i     int := 1;
+    v_j     int;
+    v_c     text;
+    v_depth int := 0;
+    -- The statement at depth 0: literals and quoted identifiers as x, comments as a space,
+    -- every parenthesised part as a space.
+    v_top   text := '';
+BEGIN
+    IF wh_statement_mentions_extra_params(p_statement) THEN
+        RETURN false;
+    END IF;
+    IF wh_statement_is_plain_write(p_statement) THEN
+        RETURN true;
+    END IF;
+    WHILE v_i <= v_len LOOP
+        v_c := substr(v_src, v_i, 1);
+        IF v_c = '''' OR v_c = '"' THEN
+            -- E'...', U&'...', B'...', X'...' read backslashes or are not text: not ours to read.
+            IF v_i > 1 AND substr(v_src, v_i - 1, 1) ~ '[[:alnum:]_&$]' THEN
+                RETURN false;
+            END IF;
+            v_j := v_i + 1;
+            LOOP
+                IF v_j > v_len THEN
+                    RETURN false;   -- unterminated
+                END IF;
+                IF substr(v_src, v_j, 1) = v_c THEN
+                    EXIT WHEN substr(v_src, v_j + 1, 1) <> v_c;
+                    v_j := v_j + 1;  -- a doubled quote stands for itself
+                END IF;
+                v_j := v_j + 1;
+            END LOOP;
+            IF v_depth = 0 THEN
+                v_top := v_top || ' x ';
+            END IF;
+            v_i := v_j + 1;
+            CONTINUE;
+        ELSIF v_c = '-' AND substr(v_src, v_i + 1, 1) = '-' THEN
+            v_j := strpos(substr(v_src, v_i), chr(10));
+            EXIT WHEN v_j = 0;      -- a comment to the end
+            v_top := v_top || ' ';
+            v_i := v_i + v_j;
+            CONTINUE;
+        ELSIF v_c = '/' AND substr(v_src, v_i + 1, 1) = '*' THEN
+            RETURN false;
+        ELSIF v_c = '$' AND substr(v_src, v_i + 1, 1) !~ '[0-9]' THEN
+            RETURN false;           -- a dollar-quoted string
+        ELSIF v_c = ';' THEN
+            RETURN false;           -- more than one statement
+        ELSIF v_c = '(' THEN
+            IF v_depth = 0 THEN
+                v_top := v_top || ' ';
+            END IF;
+            v_depth := v_depth + 1;
+        ELSIF v_c = ')' THEN
+            v_depth := v_depth - 1;
+            IF v_depth < 0 THEN
+                RETURN false;
+            END IF;
+        ELSIF v_depth = 0 THEN
+            v_top := v_top || v_c;
+        END IF;
+        v_i := v_i + 1;
+    END LOOP;
+    IF v_depth <> 0 THEN
+        RETURN false;
+    END IF;
+    v_top := lower(v_top);
+    -- WITH [RECURSIVE] name AS [[NOT] MATERIALIZED] (...) [, ...], then a write, and no
+    -- RETURNING of its own.
+    RETURN v_top ~ ('^\s*with\s+(recursive\s+)?'
+                    || '([a-z_][a-z0-9_$]*|x)\s*as\s+((not\s+)?materialized\s+)?'
+                    || '(,\s*([a-z_][a-z0-9_$]*|x)\s*as\s+((not\s+)?materialized\s+)?)*'
+                    || '(insert|update|delete|merge)\s')
+       AND v_top !~ '\mreturning\M';
+END
 $function$
 ;
 

@@ -3329,6 +3329,139 @@ async fn the_batched_apply_runs_every_kind_of_statement_in_order() -> TestResult
     Ok(())
 }
 
+/// Rule 19a. A statement that returns no rows is compiled into the session's dispatcher (planned
+/// once per session), a data-modifying WITH included; one that returns rows, or whose text the
+/// reader cannot be sure of, runs through EXECUTE (an inlined statement returning rows would fail
+/// every event it runs for). Catches: a WITH write parsed and planned at every event (migration
+/// 0026's finding), a top-level RETURNING or a SELECT taken for a write, a RETURNING or a
+/// parenthesis hidden in a literal, an identifier or a comment misread either way.
+#[tokio::test]
+async fn a_with_write_is_compiled_once_and_a_statement_returning_rows_is_not() -> TestResult {
+    use vantage::internals::store::{StatementBatch, StatementParams};
+
+    let ctx = setup().await?;
+    let store = ctx.store.clone();
+    let cases: &[(&str, bool)] = &[
+        ("INSERT INTO t (a) VALUES ($6)", true),
+        (
+            "WITH a AS (INSERT INTO t AS s (a) VALUES ($6) ON CONFLICT (a) DO UPDATE \
+             SET n = s.n + 1 RETURNING s.n), c AS (SELECT 1 AS one) \
+             INSERT INTO u (n) SELECT a.n FROM a, c;",
+            true,
+        ),
+        (
+            "WITH RECURSIVE \"Odd Name\" (x) AS NOT MATERIALIZED (SELECT ')returning(') \
+             -- a comment's quote ' and RETURNING\n\
+             UPDATE t SET label = 'it''s (returning)' WHERE a = $6",
+            true,
+        ),
+        (
+            "WITH a AS MATERIALIZED (SELECT 1) DELETE FROM t WHERE a = $6",
+            true,
+        ),
+        // rows to the caller
+        ("INSERT INTO t (a) VALUES ($6) RETURNING a", false),
+        (
+            "WITH a AS (SELECT 1) INSERT INTO t (a) SELECT 1 FROM a RETURNING a",
+            false,
+        ),
+        (
+            "WITH a AS (INSERT INTO t (a) VALUES ($6) RETURNING a) SELECT * FROM a",
+            false,
+        ),
+        ("SELECT $6", false),
+        ("WITH a AS (SELECT 1) SELECT * FROM a", false),
+        // text the reader cannot be sure of
+        (
+            "WITH a AS (SELECT $$)$$) INSERT INTO t (a) VALUES ($6)",
+            false,
+        ),
+        (
+            "WITH a AS (SELECT E'\\')') INSERT INTO t (a) VALUES ($6)",
+            false,
+        ),
+        (
+            "WITH a AS (SELECT 1) /* x */ INSERT INTO t (a) VALUES ($6)",
+            false,
+        ),
+        ("WITH a AS (SELECT 1)) INSERT INTO t (a) VALUES ($6)", false),
+        (
+            "WITH a AS (SELECT 1) INSERT INTO t (a) VALUES ($6); SELECT 1",
+            false,
+        ),
+        (
+            "WITH a AS (SELECT 'open) INSERT INTO t (a) VALUES ($6)",
+            false,
+        ),
+        // $8 and above are the dispatcher's own parameters
+        ("WITH a AS (SELECT $8) INSERT INTO t (a) VALUES ($6)", false),
+    ];
+    for (statement, inline) in cases {
+        let got: bool = sqlx::query_scalar("SELECT wh_statement_returns_no_rows($1)")
+            .bind(statement)
+            .fetch_one(store.pool())
+            .await?;
+        assert_eq!(got, *inline, "{statement}");
+    }
+
+    // The dispatcher runs the WITH write inline, and it counts each event once, across batches
+    // on one session.
+    sqlx::query("CREATE TABLE counted (position bigint PRIMARY KEY, n int NOT NULL DEFAULT 1)")
+        .execute(store.pool())
+        .await?;
+    sqlx::query("CREATE TABLE seen (position bigint, n int)")
+        .execute(store.pool())
+        .await?;
+    let statement = "WITH a AS (INSERT INTO counted AS c (position) VALUES ($5) \
+                     ON CONFLICT (position) DO UPDATE SET n = c.n + 1 RETURNING c.n) \
+                     INSERT INTO seen (position, n) SELECT $5, a.n FROM a";
+    let data = json!({});
+    let mut conn = store.pool().acquire().await?;
+    for round in 0..3i64 {
+        let mut batch = StatementBatch::default();
+        for k in 0..2i64 {
+            batch.push(
+                statement,
+                StatementParams {
+                    data: &data,
+                    stream_id: Uuid::new_v4(),
+                    event_id: Uuid::new_v4(),
+                    event_type: "T",
+                    global_position: round * 2 + k,
+                    stream_version: 1,
+                    metadata: &data,
+                },
+            );
+        }
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        vantage::internals::leases::apply_statements_and_complete(
+            &mut tx,
+            &batch,
+            InstanceId::new(),
+            &[],
+        )
+        .await?;
+        tx.commit().await?;
+    }
+    let seen: Vec<(i64, i32)> = sqlx::query_as("SELECT position, n FROM seen ORDER BY position")
+        .fetch_all(&mut *conn)
+        .await?;
+    assert_eq!(seen, (0..6).map(|p| (p, 1)).collect::<Vec<_>>());
+    let bodies: Vec<String> = sqlx::query_scalar(
+        "SELECT prosrc FROM pg_proc WHERE pronamespace = pg_my_temp_schema() \
+         AND proname LIKE 'vantage_apply_inline_%'",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    assert_eq!(bodies.len(), 1, "one dispatcher for the statement list");
+    assert!(
+        bodies[0].contains("INSERT INTO seen") && !bodies[0].contains("EXECUTE"),
+        "the WITH write is compiled into the dispatcher, not EXECUTE'd:\n{}",
+        bodies[0]
+    );
+    Ok(())
+}
+
 /// Rule 20. `move_many_to_dead_letters` moves rows the way `move_to_dead_letters` does, many at a
 /// time: only rows leased to the caller, each with its own error text and the row's last_error,
 /// attempts and failures, one `Exhausted` history record each, a requeued message's dead letter
