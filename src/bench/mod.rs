@@ -109,6 +109,9 @@ pub enum Check {
     /// Retrying N poison rows to the attempt limit, per failed claim, against applying N
     /// healthy ones, one row per stream (a requeue's shape).
     Retries,
+    /// The perspective's statement as a data-modifying `WITH`, compiled once per session and
+    /// through `EXECUTE`, against the same upsert written plainly.
+    Statements,
     /// Append → applied p50/p99 at a steady 1 000 events/s.
     Latency,
     /// Resident memory with the cooldown cache full.
@@ -131,9 +134,10 @@ pub enum Check {
 
 impl Check {
     /// Every check, in the order they run.
-    pub const ALL: [Check; 13] = [
+    pub const ALL: [Check; 14] = [
         Check::DeadLetter,
         Check::Retries,
+        Check::Statements,
         Check::Parked,
         Check::Perspectives,
         Check::Shapes,
@@ -157,6 +161,7 @@ impl Check {
             Check::Shapes => "shapes",
             Check::DeadLetter => "dead-letter",
             Check::Retries => "retries",
+            Check::Statements => "statements",
             Check::Latency => "latency",
             Check::Rss => "rss",
             Check::Producers => "producers",

@@ -43,8 +43,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub instances: u64,
     /// Scale and shape checks to run: all, none, or a comma-separated list of claim-scale,
-    /// dead-tuples, parked, perspectives, shapes, dead-letter, retries, latency, rss, producers,
-    /// held-append, versions, traces.
+    /// dead-tuples, parked, perspectives, shapes, dead-letter, retries, statements, latency, rss,
+    /// producers, held-append, versions, traces.
     #[arg(
         long,
         default_value = "all",

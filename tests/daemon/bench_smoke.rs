@@ -18,7 +18,9 @@ async fn bench_drains_a_small_backlog_and_prints_the_three_lines() {
         streams: 30,
         consumers: 2,
         batch_size: 50,
-        checks: vec![Check::DeadLetter],
+        // The statements check drains with each perspective's statement replaced: its three
+        // drains must each apply every event once and in order (drain_with checks it).
+        checks: vec![Check::DeadLetter, Check::Statements],
         // Two rounds of the main pair: the median-round path runs too.
         rounds: 2,
         drain_timeout: Duration::from_secs(60),
@@ -39,8 +41,9 @@ async fn bench_drains_a_small_backlog_and_prints_the_three_lines() {
     assert_eq!(report.crash_safe.as_ref().map(|l| l.rows), Some(300));
     assert_eq!(report.rounds.len(), 2, "one ratio per round");
     assert_eq!(report.floor.as_ref().map(|l| l.rows), Some(300));
-    assert_eq!(report.checks.len(), 1);
+    assert_eq!(report.checks.len(), 2);
     assert_eq!(report.checks[0].ratios.len(), 1);
+    assert_eq!(report.checks[1].ratios.len(), 2, "WITH / plain, EXECUTE / plain");
 
     let text = report.to_string();
     let last: Vec<&str> = text.lines().rev().take(3).collect();

@@ -13,6 +13,7 @@ mod producers;
 mod retries;
 mod rss;
 mod shapes;
+mod statements;
 mod traces;
 mod versions;
 
@@ -114,6 +115,7 @@ pub async fn run(bench: &Bench, check: Check, main: &DrainRun) -> Result<CheckOu
         Check::Producers => producers::run(bench).await,
         Check::HeldAppend => held_append::run(bench).await,
         Check::Versions => versions::run(bench).await,
+        Check::Statements => statements::run(bench).await,
         Check::Traces => traces::run(bench).await,
     }
 }

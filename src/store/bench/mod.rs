@@ -48,6 +48,23 @@ pub fn perspective_statement(name: &str) -> String {
     )
 }
 
+/// The same upsert written as a data-modifying `WITH` (the event's values named first), the
+/// form of many a read model's statement; with `executed`, a block comment in it that the
+/// apply's dispatcher does not read, so it runs through `EXECUTE`, parsed and planned for every
+/// event (how every `WITH` ran before migration 0026). The `statements` check.
+pub fn perspective_statement_as_with(name: &str, executed: bool) -> String {
+    debug_assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+    let comment = if executed { "/* executed */ " } else { "" };
+    format!(
+        "WITH e AS (SELECT $2::uuid AS stream_id, $6::int AS stream_version, $3::uuid AS event_id, \
+                 $5::bigint AS global_position) \
+         {comment}INSERT INTO bench_applied (perspective, stream_id, stream_version, event_id, global_position) \
+         SELECT '{name}', e.stream_id, e.stream_version, e.event_id, e.global_position FROM e \
+         ON CONFLICT (perspective, stream_id, stream_version) \
+         DO UPDATE SET applied = bench_applied.applied + 1"
+    )
+}
+
 /// Statements that fail for every event (a poison perspective), for the dead-letter check.
 pub const POISON_STATEMENT: &str = "SELECT 1 / 0";
 
