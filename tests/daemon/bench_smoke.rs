@@ -43,7 +43,11 @@ async fn bench_drains_a_small_backlog_and_prints_the_three_lines() {
     assert_eq!(report.floor.as_ref().map(|l| l.rows), Some(300));
     assert_eq!(report.checks.len(), 2);
     assert_eq!(report.checks[0].ratios.len(), 1);
-    assert_eq!(report.checks[1].ratios.len(), 2, "WITH / plain, EXECUTE / plain");
+    assert_eq!(
+        report.checks[1].ratios.len(),
+        2,
+        "WITH / plain, EXECUTE / plain"
+    );
 
     let text = report.to_string();
     let last: Vec<&str> = text.lines().rev().take(3).collect();
