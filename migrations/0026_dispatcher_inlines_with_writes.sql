@@ -32,7 +32,7 @@ CREATE FUNCTION wh_statement_returns_no_rows(p_statement text)
 AS $$
 DECLARE
     v_src   text := regexp_replace(p_statement, '[\s;]+$', '');
-    v_len   int := length(regexp_replace(p_statement, '[\s;]+$', ''));
+    v_len   int := length(v_src);
     v_i     int := 1;
     v_j     int;
     v_c     text;

@@ -2585,7 +2585,7 @@ CREATE OR REPLACE FUNCTION vantage.wh_statement_returns_no_rows(p_statement text
 AS $function$
 DECLARE
     v_src   text := regexp_replace(p_statement, '[\s;]+$', '');
-    v_len   int := length(regexp_replace(p_statement, '[\s;]+$', ''));
+    v_len   int := length(v_src);
     v_i     int := 1;
     v_j     int;
     v_c     text;
