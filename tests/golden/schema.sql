@@ -2584,15 +2584,19 @@ CREATE OR REPLACE FUNCTION vantage.wh_statement_returns_no_rows(p_statement text
  SET search_path TO 'vantage', 'pg_temp'
 AS $function$
 DECLARE
-    v_src   text := regexp_replace(p_statement, '[\s;]+$', '');
-    v_len   int := length(v_src);
+    -- One element per character: reading the text by position (substr) would walk it from
+    -- its start at every step in a multibyte encoding, quadratic in its length.
+    v_ch    text[] := string_to_array(regexp_replace(p_statement, '[\s;]+$', ''), NULL);
+    v_len   int := coalesce(cardinality(v_ch), 0);
     v_i     int := 1;
     v_j     int;
     v_c     text;
     v_depth int := 0;
     -- The statement at depth 0: literals and quoted identifiers as x, comments as a space,
-    -- every parenthesised part as a space.
-    v_top   text := '';
+    -- every parenthesised part as a space (gathered as pieces: appending to a text copies it).
+    v_parts text[] := '{}';
+    v_n     int := 0;
+    v_top   text;
 BEGIN
     IF wh_statement_mentions_extra_params(p_statement) THEN
         RETURN false;
@@ -2601,10 +2605,10 @@ BEGIN
         RETURN true;
     END IF;
     WHILE v_i <= v_len LOOP
-        v_c := substr(v_src, v_i, 1);
+        v_c := v_ch[v_i];
         IF v_c = '''' OR v_c = '"' THEN
             -- E'...', U&'...', B'...', X'...' read backslashes or are not text: not ours to read.
-            IF v_i > 1 AND substr(v_src, v_i - 1, 1) ~ '[[:alnum:]_&$]' THEN
+            IF v_i > 1 AND v_ch[v_i - 1] ~ '[[:alnum:]_&$]' THEN
                 RETURN false;
             END IF;
             v_j := v_i + 1;
@@ -2612,32 +2616,38 @@ BEGIN
                 IF v_j > v_len THEN
                     RETURN false;   -- unterminated
                 END IF;
-                IF substr(v_src, v_j, 1) = v_c THEN
-                    EXIT WHEN substr(v_src, v_j + 1, 1) <> v_c;
+                IF v_ch[v_j] = v_c THEN
+                    EXIT WHEN coalesce(v_ch[v_j + 1], '') <> v_c;
                     v_j := v_j + 1;  -- a doubled quote stands for itself
                 END IF;
                 v_j := v_j + 1;
             END LOOP;
             IF v_depth = 0 THEN
-                v_top := v_top || ' x ';
+                v_n := v_n + 1;
+                v_parts[v_n] := ' x ';
             END IF;
             v_i := v_j + 1;
             CONTINUE;
-        ELSIF v_c = '-' AND substr(v_src, v_i + 1, 1) = '-' THEN
-            v_j := strpos(substr(v_src, v_i), chr(10));
-            EXIT WHEN v_j = 0;      -- a comment to the end
-            v_top := v_top || ' ';
-            v_i := v_i + v_j;
+        ELSIF v_c = '-' AND v_ch[v_i + 1] = '-' THEN
+            v_j := v_i + 2;
+            WHILE v_j <= v_len AND v_ch[v_j] <> chr(10) LOOP
+                v_j := v_j + 1;
+            END LOOP;
+            EXIT WHEN v_j > v_len;  -- a comment to the end
+            v_n := v_n + 1;
+            v_parts[v_n] := ' ';
+            v_i := v_j + 1;
             CONTINUE;
-        ELSIF v_c = '/' AND substr(v_src, v_i + 1, 1) = '*' THEN
+        ELSIF v_c = '/' AND v_ch[v_i + 1] = '*' THEN
             RETURN false;
-        ELSIF v_c = '$' AND substr(v_src, v_i + 1, 1) !~ '[0-9]' THEN
+        ELSIF v_c = '$' AND coalesce(v_ch[v_i + 1], '') !~ '[0-9]' THEN
             RETURN false;           -- a dollar-quoted string
         ELSIF v_c = ';' THEN
             RETURN false;           -- more than one statement
         ELSIF v_c = '(' THEN
             IF v_depth = 0 THEN
-                v_top := v_top || ' ';
+                v_n := v_n + 1;
+                v_parts[v_n] := ' ';
             END IF;
             v_depth := v_depth + 1;
         ELSIF v_c = ')' THEN
@@ -2646,14 +2656,15 @@ BEGIN
                 RETURN false;
             END IF;
         ELSIF v_depth = 0 THEN
-            v_top := v_top || v_c;
+            v_n := v_n + 1;
+            v_parts[v_n] := v_c;
         END IF;
         v_i := v_i + 1;
     END LOOP;
     IF v_depth <> 0 THEN
         RETURN false;
     END IF;
-    v_top := lower(v_top);
+    v_top := lower(array_to_string(v_parts, ''));
     -- WITH [RECURSIVE] name AS [[NOT] MATERIALIZED] (...) [, ...], then a write, and no
     -- RETURNING of its own.
     RETURN v_top ~ ('^\s*with\s+(recursive\s+)?'
