@@ -1,5 +1,6 @@
 //! A consumer loop: drain while there is work, then wait for a notification, the poll tick, or
-//! shutdown. A database error never ends the loop: it backs off and tries again.
+//! shutdown. A database error never ends the loop: it backs off and tries again. A notification
+//! wakes one idle loop, not every one (`daemon::wake`).
 //!
 //! A claim that found nothing is not repeated at the rate notifications arrive: producers
 //! appending behind parked or leased heads notify on every commit, and claiming again for each
@@ -10,9 +11,9 @@
 
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::wake::Waiter;
 use crate::pipeline::Pipeline;
 
 /// The least time between an empty claim and the next one a notification triggers.
@@ -22,7 +23,7 @@ pub const EMPTY_CLAIM_COOLDOWN: Duration = Duration::from_millis(25);
 pub async fn run(
     id: usize,
     pipeline: Pipeline,
-    mut wake: watch::Receiver<u64>,
+    mut wake: Waiter,
     poll_interval: Duration,
     shutdown: CancellationToken,
     beat: impl Fn() + Send,
@@ -34,7 +35,7 @@ pub async fn run(
             break;
         }
         // Seen before claiming: a notification from now on wakes the wait below at once.
-        wake.borrow_and_update();
+        wake.before_claim();
         let claimed_at = tokio::time::Instant::now();
         match pipeline.drain_once_unless(&shutdown).await {
             Ok(outcome) if outcome.claimed > 0 => {
@@ -45,9 +46,10 @@ pub async fn run(
             }
             Ok(_) => {
                 backoff = Duration::from_millis(100);
+                let every = pipeline.claims_every_perspective();
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
-                    _ = wake.changed() => {
+                    _ = wake.wait(every) => {
                         tokio::select! {
                             _ = shutdown.cancelled() => break,
                             _ = tokio::time::sleep_until(claimed_at + EMPTY_CLAIM_COOLDOWN) => {}

@@ -1,22 +1,20 @@
-//! LISTEN `vantage_work`: wakes idle consumer loops as soon as producers append.
-//!
-//! A `watch` channel carries a counter: each consumer remembers the last value it saw, so a
-//! notification that arrives while it is busy is not lost, and no waiter is ever queued per
-//! iteration (one long-running process once leaked 100 000+ of those).
+//! LISTEN `vantage_work`: wakes an idle consumer loop as soon as producers append
+//! (`daemon::wake`: one per notification; a notification that arrives while every loop is busy
+//! is kept for the next to wait).
 
 use std::time::Duration;
 
 use sqlx::postgres::PgListener;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::wake::Wake;
 use crate::store::{Store, WORK_CHANNEL};
 
 /// Listens until `shutdown`, reconnecting with backoff; bumps `wake` on every notification and
 /// after every reconnect (notifications sent while disconnected are lost).
 pub async fn run(
     store: Store,
-    wake: std::sync::Arc<watch::Sender<u64>>,
+    wake: std::sync::Arc<Wake>,
     shutdown: CancellationToken,
     beat: impl Fn() + Send,
 ) {
@@ -27,7 +25,7 @@ pub async fn run(
         let mut listener = match connect(&store).await {
             Ok(l) => {
                 delay = Duration::from_millis(100);
-                wake.send_modify(|n| *n = n.wrapping_add(1));
+                wake.work_arrived();
                 l
             }
             Err(error) => {
@@ -45,7 +43,7 @@ pub async fn run(
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 msg = listener.try_recv() => match msg {
-                    Ok(Some(_)) => wake.send_modify(|n| *n = n.wrapping_add(1)),
+                    Ok(Some(_)) => wake.work_arrived(),
                     // The connection dropped; try_recv would reconnect silently, but we want the
                     // backoff and the catch-up wake above.
                     Ok(None) => break,

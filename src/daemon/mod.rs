@@ -14,6 +14,7 @@ mod listener;
 mod shutdown;
 mod startup;
 mod tasks;
+mod wake;
 
 pub use shutdown::SHUTDOWN_TAIL;
 pub use startup::DaemonBuilder;

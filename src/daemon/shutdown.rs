@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -27,7 +26,7 @@ pub(super) struct DrainAndStop {
     pub(super) consumers: TaskTracker,
     pub(super) consumer_tasks: Vec<JoinHandle<()>>,
     pub(super) background: TaskTracker,
-    pub(super) _wake: Arc<watch::Sender<u64>>,
+    pub(super) _wake: Arc<super::wake::Wake>,
 }
 
 /// How long shutdown may take once the grace is over, whatever handlers or the database do.

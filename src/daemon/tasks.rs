@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -14,6 +14,7 @@ use tokio_util::task::TaskTracker;
 use super::background::{
     self, Backfill, Driver, Heartbeat, LaneReconciliation, LeaseRenewal, Quarantine, Sampler,
 };
+use super::wake::Wake;
 use super::{consumer, listener};
 use crate::config::{Settings, WorkerSettings};
 use crate::pipeline::cooldown::CooldownCache;
@@ -68,9 +69,8 @@ impl Tasks {
         pipeline: &Pipeline,
         health: &Health,
         worker: &WorkerSettings,
-    ) -> Arc<watch::Sender<u64>> {
-        let (wake_tx, wake_rx) = watch::channel(0u64);
-        let wake_tx = Arc::new(wake_tx);
+    ) -> Arc<Wake> {
+        let wake_tx = Wake::new();
         {
             let store = pipeline.ctx.store.clone();
             let token = self.stop_claiming.clone();
@@ -82,8 +82,10 @@ impl Tasks {
             }));
         }
         for id in 0..worker.consumers {
-            let pipeline = pipeline.for_consumer(id, worker.consumers);
-            let wake = wake_rx.clone();
+            let pipeline = pipeline
+                .for_consumer(id, worker.consumers)
+                .relaying_to(wake_tx.relay());
+            let wake = wake_tx.waiter();
             let token = self.stop_claiming.clone();
             let poll = worker.poll_interval;
             // A batch may legitimately take long; liveness only flags a loop silent for long.

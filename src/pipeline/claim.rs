@@ -23,6 +23,22 @@ pub struct ClaimLimits {
     pub batch_size: u32,
 }
 
+/// Whether a claim that returned `rows` took all it was allowed (`limits`' rows or lanes): more
+/// work is then likely due than one claim could take.
+pub fn is_full(rows: &[crate::store::WorkRow], limits: &ClaimLimits) -> bool {
+    if rows.len() >= limits.batch_size as usize {
+        return true;
+    }
+    // Rows come ordered by lane: count where the lane changes.
+    let lanes = 1 + rows
+        .windows(2)
+        .filter(|w| {
+            (w[0].stream_id, &w[0].perspective_name) != (w[1].stream_id, &w[1].perspective_name)
+        })
+        .count();
+    !rows.is_empty() && lanes >= limits.max_streams as usize
+}
+
 /// Claims one batch and returns its lease handle. Loops of one process claim concurrently: the
 /// database hands each lane to one claimer at a time and never re-leases a row validly leased
 /// to us. A lane another loop of ours still holds can come back here only with rows that loop
@@ -97,4 +113,50 @@ pub(crate) async fn claim_batch_reading<S: WorkStore>(
         }
     }
     Ok(lease)
+}
+
+#[cfg(test)]
+mod tests {
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::store::WorkRow;
+
+    fn row(perspective: &str, stream_id: Uuid) -> WorkRow {
+        WorkRow {
+            event_work_id: Uuid::new_v4(),
+            stream_id,
+            event_id: Uuid::new_v4(),
+            perspective_name: perspective.to_string(),
+            global_position: 1,
+            stream_version: 1,
+            event_type: Some("T".into()),
+            event_data: None,
+            metadata: None,
+            attempts: 1,
+            failures: 0,
+            queued_for: None,
+            replay: false,
+        }
+    }
+
+    fn limits(max_streams: u32, batch_size: u32) -> ClaimLimits {
+        ClaimLimits {
+            lease: Duration::from_secs(60),
+            max_streams,
+            batch_size,
+        }
+    }
+
+    #[test]
+    fn a_claim_is_full_when_it_took_as_many_rows_or_lanes_as_allowed() {
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        let two_lanes_of_one_stream = [row("P", a), row("P", a), row("Q", a)];
+        assert!(!is_full(&[], &limits(1, 1)));
+        assert!(is_full(&two_lanes_of_one_stream, &limits(2, 10)));
+        assert!(!is_full(&two_lanes_of_one_stream, &limits(3, 10)));
+        assert!(is_full(&two_lanes_of_one_stream, &limits(3, 3)));
+        assert!(!is_full(&[row("P", a), row("P", b)], &limits(3, 3)));
+        assert!(is_full(&[row("P", a), row("P", b)], &limits(2, 3)));
+    }
 }

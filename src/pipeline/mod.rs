@@ -101,6 +101,9 @@ pub struct Pipeline<S: WorkStore = Store> {
     pub role: ClaimRole,
     /// The perspectives this process has seen replaying history, shared by every clone.
     pub replaying: Arc<Replaying>,
+    /// Poked when a claim comes back full (more work is likely due): another idle loop of the
+    /// process should claim beside this one. `None`: nobody to tell (tests, one-shot drains).
+    pub relay: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl<S: WorkStore> Pipeline<S> {
@@ -141,6 +144,7 @@ impl<S: WorkStore> Pipeline<S> {
             reads_data,
             role: ClaimRole::All,
             replaying: Arc::default(),
+            relay: None,
         }
     }
 
@@ -151,6 +155,23 @@ impl<S: WorkStore> Pipeline<S> {
             role: ClaimRole::of_consumer(id, consumers),
             ..self.clone()
         }
+    }
+
+    /// This pipeline, poking `relay` whenever a claim comes back full (`daemon::wake`).
+    pub fn relaying_to(self, relay: Arc<tokio::sync::Notify>) -> Pipeline<S> {
+        Pipeline {
+            relay: Some(relay),
+            ..self
+        }
+    }
+
+    /// Whether this loop's claims ask for every perspective now (not while some perspective
+    /// replays history and the loop takes only that part, or only the rest).
+    pub fn claims_every_perspective(&self) -> bool {
+        self.replaying
+            .claimable(self.role, &self.perspectives)
+            .len()
+            == self.perspectives.len()
     }
 
     /// One pass: claim → DLQ filter → envelope → cooldown → apply → settle.
@@ -227,6 +248,12 @@ impl<S: WorkStore> Pipeline<S> {
         claim_span.record(crate::telemetry::traces::CLAIMED, rows.len() as i64);
         if rows.is_empty() {
             return Ok(DrainOutcome::default());
+        }
+        // Before applying, so that the next loop claims while this one applies.
+        if let Some(relay) = &self.relay {
+            if claim::is_full(&rows, &self.limits) {
+                relay.notify_one();
+            }
         }
         let batch_span = spans::batch(&claim_span, rows.len());
         drop(claim_span);
