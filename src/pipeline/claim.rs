@@ -123,21 +123,7 @@ mod tests {
     use crate::store::WorkRow;
 
     fn row(perspective: &str, stream_id: Uuid) -> WorkRow {
-        WorkRow {
-            event_work_id: Uuid::new_v4(),
-            stream_id,
-            event_id: Uuid::new_v4(),
-            perspective_name: perspective.to_string(),
-            global_position: 1,
-            stream_version: 1,
-            event_type: Some("T".into()),
-            event_data: None,
-            metadata: None,
-            attempts: 1,
-            failures: 0,
-            queued_for: None,
-            replay: false,
-        }
+        WorkRow::sample(perspective, stream_id)
     }
 
     fn limits(max_streams: u32, batch_size: u32) -> ClaimLimits {

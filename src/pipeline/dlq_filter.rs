@@ -215,19 +215,8 @@ mod tests {
 
     fn row(attempts: i32) -> WorkRow {
         WorkRow {
-            event_work_id: Uuid::new_v4(),
-            stream_id: Uuid::new_v4(),
-            event_id: Uuid::new_v4(),
-            perspective_name: "p".into(),
-            global_position: 1,
-            stream_version: 1,
-            event_type: Some("E".into()),
-            event_data: None,
-            metadata: None,
             attempts,
-            failures: 0,
-            queued_for: None,
-            replay: false,
+            ..WorkRow::sample("p", Uuid::new_v4())
         }
     }
 

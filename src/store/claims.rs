@@ -60,6 +60,29 @@ pub struct WorkRow {
     pub replay: bool,
 }
 
+#[cfg(test)]
+impl WorkRow {
+    /// A first-time row of `perspective` on `stream_id` with fresh ids and no payload, for the
+    /// pipeline's unit tests.
+    pub(crate) fn sample(perspective: &str, stream_id: Uuid) -> WorkRow {
+        WorkRow {
+            event_work_id: Uuid::new_v4(),
+            stream_id,
+            event_id: Uuid::new_v4(),
+            perspective_name: perspective.to_string(),
+            global_position: 1,
+            stream_version: 1,
+            event_type: Some("T".into()),
+            event_data: None,
+            metadata: None,
+            attempts: 1,
+            failures: 0,
+            queued_for: None,
+            replay: false,
+        }
+    }
+}
+
 /// The columns of a [`WorkRow`], in the order the claims select them (`work_row_columns!`).
 const WORK_ROW_NAMES: [&str; 13] = [
     "event_work_id",
